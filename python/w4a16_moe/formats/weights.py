@@ -1,0 +1,259 @@
+"""Quantized expert weights: the canonical storage every provider starts from.
+
+Byte layout of one :class:`QuantizedMatrix` holding ``E`` experts of ``W[N, K]`` (``N`` output rows,
+``K`` the reduction dimension, ``g`` the scheme's group size, ``g = K`` for per-channel):
+
+``codes``  uint8 ``[E, N, K/2]``, contiguous. Element ``(n, k)`` is the low nibble of byte ``k // 2``
+           when ``k`` is even and the high nibble when ``k`` is odd. Read as little-endian int32 words
+           this is exactly compressed-tensors ``pack-quantized`` (eight codes per word along K, the
+           first in bits 0..3).
+``scales`` ``[E, N, K/g]``: BF16/FP16/FP32 for INT4 schemes, ``torch.float8_e4m3fn`` for NVFP4 (one per
+           16 values), uint8 E8M0 exponents for MXFP4 (one per 32 values).
+``zeros``  uint8 ``[E, N, K/g]`` zero-point codes 0..15, INT4 ``*_zp`` schemes only.
+``global_scale`` FP32 ``[E, N]``, NVFP4 only: the per-expert, per-matrix ModelOpt ``weight_scale_2``,
+           stored per output row so the gate and up halves of a fused ``w13`` may differ.
+
+A provider that prefers another layout (a permuted one for register-side dequantization, say)
+derives it once with :meth:`MoEWeights.packed_for` and keeps it cached beside the canonical tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Optional
+
+import torch
+
+from .schemes import Scheme, get_scheme
+
+__all__ = ["QuantizedMatrix", "MoEWeights", "pack_nibbles", "unpack_nibbles"]
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """Pack uint8 codes ``[..., K]`` (values 0..15) into bytes ``[..., K/2]``, even index in the low nibble."""
+    c = codes.to(torch.uint8)
+    return (c[..., 0::2] & 0xF) | ((c[..., 1::2] & 0xF) << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_nibbles`: bytes ``[..., K/2]`` to uint8 codes ``[..., K]``."""
+    lo = packed & 0xF
+    hi = packed >> 4
+    return torch.stack((lo, hi), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+
+
+@dataclass
+class QuantizedMatrix:
+    """One stacked expert matrix ``W[E, N, K]`` in a scheme's canonical layout (see module docstring)."""
+
+    scheme: Scheme
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zeros: Optional[torch.Tensor] = None
+    global_scale: Optional[torch.Tensor] = None
+
+    @property
+    def num_experts(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def n(self) -> int:
+        return self.codes.shape[1]
+
+    @property
+    def k(self) -> int:
+        return self.codes.shape[2] * 2
+
+    @property
+    def group_size(self) -> int:
+        return self.scheme.group_for(self.k)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    def tensors(self) -> dict[str, Optional[torch.Tensor]]:
+        return {
+            "codes": self.codes,
+            "scales": self.scales,
+            "zeros": self.zeros,
+            "global_scale": self.global_scale,
+        }
+
+    def nbytes(self, experts: Optional[int] = None) -> int:
+        """Bytes of codes, scales, zero points and global scales for ``experts`` experts (default all)."""
+        total = 0
+        for t in self.tensors().values():
+            if t is not None:
+                total += t.numel() * t.element_size()
+        if experts is None:
+            return total
+        return total * experts // self.num_experts
+
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "QuantizedMatrix":
+        return replace(
+            self,
+            codes=fn(self.codes),
+            scales=fn(self.scales),
+            zeros=None if self.zeros is None else fn(self.zeros),
+            global_scale=None if self.global_scale is None else fn(self.global_scale),
+        )
+
+    def validate(self, name: str) -> None:
+        """Check dtypes, shapes and contiguity; raise ValueError/TypeError naming ``name``."""
+        sch = self.scheme
+        c = self.codes
+        if not isinstance(c, torch.Tensor) or c.dtype != torch.uint8 or c.dim() != 3:
+            raise TypeError(f"{name}.codes: expected a uint8 tensor [E, N, K/2], got {_describe(c)}")
+        e, n, k = self.num_experts, self.n, self.k
+        mult = sch.min_k_multiple()
+        if k % mult:
+            raise ValueError(f"{name}: reduction size {k} is not a multiple of {mult} (scheme {sch.name})")
+        g = self.group_size
+        want = (e, n, k // g)
+        s = self.scales
+        if not isinstance(s, torch.Tensor) or tuple(s.shape) != want:
+            raise ValueError(f"{name}.scales: expected shape {want}, got {_describe(s)}")
+        if sch.kind == "int4" and s.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise TypeError(f"{name}.scales: INT4 scales must be bfloat16, float16 or float32, got {s.dtype}")
+        if sch.kind == "nvfp4" and s.dtype != torch.float8_e4m3fn:
+            raise TypeError(f"{name}.scales: NVFP4 scales must be float8_e4m3fn, got {s.dtype}")
+        if sch.kind == "mxfp4" and s.dtype != torch.uint8:
+            raise TypeError(f"{name}.scales: MXFP4 scales must be uint8 E8M0 exponents, got {s.dtype}")
+        if sch.zero_point:
+            z = self.zeros
+            if not isinstance(z, torch.Tensor) or z.dtype != torch.uint8 or tuple(z.shape) != want:
+                raise ValueError(f"{name}.zeros: expected uint8 {want}, got {_describe(z)}")
+        elif self.zeros is not None:
+            raise ValueError(f"{name}.zeros: scheme {sch.name} has no zero points, got a tensor")
+        if sch.has_global_scale:
+            gs = self.global_scale
+            if not isinstance(gs, torch.Tensor) or gs.dtype != torch.float32 or tuple(gs.shape) != (e, n):
+                raise ValueError(f"{name}.global_scale: expected float32 {(e, n)}, got {_describe(gs)}")
+        elif self.global_scale is not None:
+            raise ValueError(f"{name}.global_scale: scheme {sch.name} has no global scale, got a tensor")
+        for key, t in self.tensors().items():
+            if t is None:
+                continue
+            if t.device != c.device:
+                raise ValueError(f"{name}.{key}: on {t.device}, but codes are on {c.device}")
+            if not t.is_contiguous():
+                raise ValueError(f"{name}.{key}: must be contiguous")
+
+
+def _describe(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"{t.dtype} tensor of shape {tuple(t.shape)}"
+    return type(t).__name__
+
+
+@dataclass
+class MoEWeights:
+    """Quantized weights of one MoE layer's experts.
+
+    ``w13`` holds ``[E, 2I, H]`` (gate rows ``0..I-1``, then up rows) when ``gated``, else ``[E, I, H]``;
+    ``w2`` holds ``[E, H, I]``. Build it with :func:`w4a16_moe.quantize_experts` or one of the
+    ``from_*`` converters; every provider reads it through :meth:`packed_for`.
+    """
+
+    scheme: Scheme
+    w13: QuantizedMatrix
+    w2: QuantizedMatrix
+    gated: bool
+    _packed: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.scheme = get_scheme(self.scheme)
+        self.validate()
+
+    # -- shape -----------------------------------------------------------------------------------
+    @property
+    def num_experts(self) -> int:
+        return self.w13.num_experts
+
+    @property
+    def hidden_size(self) -> int:
+        return self.w13.k
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.w2.k
+
+    @property
+    def device(self) -> torch.device:
+        return self.w13.device
+
+    def validate(self) -> None:
+        """Check that w13 and w2 agree with each other and the scheme."""
+        for name, m in (("w13", self.w13), ("w2", self.w2)):
+            if m.scheme != self.scheme:
+                raise ValueError(f"{name}: scheme {m.scheme.name} differs from the weights' {self.scheme.name}")
+            m.validate(name)
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        n13 = 2 * i if self.gated else i
+        if self.w13.n != n13:
+            kind = "gated (2I rows)" if self.gated else "non-gated (I rows)"
+            raise ValueError(f"w13: expected {n13} rows for a {kind} layer with I={i}, got {self.w13.n}")
+        if self.w2.num_experts != e:
+            raise ValueError(f"w2: {self.w2.num_experts} experts, but w13 has {e}")
+        if self.w2.n != h:
+            raise ValueError(f"w2: expected {h} output rows (hidden size of w13), got {self.w2.n}")
+        if self.w2.device != self.w13.device:
+            raise ValueError(f"w2: on {self.w2.device}, but w13 is on {self.w13.device}")
+
+    def to(self, device: "torch.device | str") -> "MoEWeights":
+        """A copy on ``device`` (provider-specific packed layouts are not copied; they are rebuilt)."""
+        return MoEWeights(
+            self.scheme, self.w13.map(lambda t: t.to(device)), self.w2.map(lambda t: t.to(device)), self.gated
+        )
+
+    def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact FP32 ``(w13 [E, 2I|I, H], w2 [E, H, I])``."""
+        from .quantize import dequantize_matrix
+
+        return dequantize_matrix(self.w13), dequantize_matrix(self.w2)
+
+    def nbytes_per_expert(self) -> int:
+        return (self.w13.nbytes() + self.w2.nbytes()) // self.num_experts
+
+    def packed_for(self, key: str, build: Callable[["MoEWeights"], Any]) -> Any:
+        """Return (and cache) a provider-specific layout derived once from the canonical tensors."""
+        hit = self._packed.get(key)
+        if hit is None:
+            hit = build(self)
+            self._packed[key] = hit
+        return hit
+
+    # -- converters (see formats.converters for the checkpoint layouts) ----------------------------
+    @classmethod
+    def from_compressed_tensors(cls, *args: Any, **kwargs: Any) -> "MoEWeights":
+        from .converters import from_compressed_tensors
+
+        return from_compressed_tensors(*args, **kwargs)
+
+    def to_compressed_tensors(self) -> dict:
+        from .converters import to_compressed_tensors
+
+        return to_compressed_tensors(self)
+
+    @classmethod
+    def from_trtllm_per_channel(cls, *args: Any, **kwargs: Any) -> "MoEWeights":
+        from .converters import from_trtllm_per_channel
+
+        return from_trtllm_per_channel(*args, **kwargs)
+
+    def to_trtllm_per_channel(self) -> dict:
+        from .converters import to_trtllm_per_channel
+
+        return to_trtllm_per_channel(self)
+
+    @classmethod
+    def from_modelopt_nvfp4(cls, *args: Any, **kwargs: Any) -> "MoEWeights":
+        from .converters import from_modelopt_nvfp4
+
+        return from_modelopt_nvfp4(*args, **kwargs)
+
+    def to_modelopt_nvfp4(self) -> dict:
+        from .converters import to_modelopt_nvfp4
+
+        return to_modelopt_nvfp4(self)

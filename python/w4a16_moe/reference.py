@@ -1,0 +1,92 @@
+"""FP32 references of the fused MoE ops, on any device (CPU included).
+
+The references dequantize the 4-bit weights exactly (:func:`w4a16_moe.formats.dequantize_matrix`),
+compute every GEMM and the activation in FP32 and combine the routes of a token in top-k order.
+They return FP32 tensors; the ``backend="reference"`` provider of ``fused_moe`` casts to x's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .activations import apply_activation
+from .formats.quantize import dequantize_matrix
+from .formats.weights import MoEWeights, QuantizedMatrix
+from .validate import check_masked_call, check_moe_call
+
+__all__ = ["reference_moe", "reference_moe_masked"]
+
+_REF_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _expert(qm: QuantizedMatrix, e: int) -> torch.Tensor:
+    return dequantize_matrix(qm.map(lambda t: t[e : e + 1]))[0]
+
+
+def _expert_mlp(x: torch.Tensor, weights: MoEWeights, e: int, activation: str) -> torch.Tensor:
+    h = x @ _expert(weights.w13, e).t()
+    return apply_activation(h, activation) @ _expert(weights.w2, e).t()
+
+
+def reference_moe(
+    x: torch.Tensor,
+    weights: MoEWeights,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu",
+    finalize: str = "deterministic",
+    expert_offset: int = 0,
+    backend: str = "reference",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """FP32 reference of :func:`w4a16_moe.fused_moe`.
+
+    ``out[t] = sum_j topk_weights[t, j] * mlp_{e}(x[t])`` over the routes ``j`` whose
+    ``e = topk_ids[t, j] - expert_offset`` is a local expert (``0 <= e < E``), summed in ``j`` order.
+    ``finalize`` and ``backend`` are accepted for signature compatibility and change nothing.
+    Returns FP32 ``[T, H]``; when ``out`` is given the result is also copied into it.
+    """
+    call = check_moe_call(
+        x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
+        expert_offset=expert_offset, out=out, x_dtypes=_REF_DTYPES,
+    )
+    xf = x.float()
+    local = topk_ids.long() - expert_offset
+    valid = (local >= 0) & (local < call.experts)
+    y = torch.zeros(call.tokens, call.top_k, call.hidden, dtype=torch.float32, device=x.device)
+    for e in torch.unique(local[valid]).tolist():
+        tok, slot = torch.nonzero(valid & (local == e), as_tuple=True)
+        y[tok, slot] = _expert_mlp(xf[tok], weights, e, call.activation.name)
+    res = torch.zeros(call.tokens, call.hidden, dtype=torch.float32, device=x.device)
+    for j in range(call.top_k):  # fixed top-k order
+        res += torch.where(valid[:, j, None], topk_weights[:, j, None] * y[:, j], 0.0)
+    if out is not None:
+        out.copy_(res)
+    return res
+
+
+def reference_moe_masked(
+    x: torch.Tensor,
+    weights: MoEWeights,
+    masked_m: torch.Tensor,
+    *,
+    activation: str = "swiglu",
+    backend: str = "reference",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """FP32 reference of :func:`w4a16_moe.fused_moe_masked` (DeepEP low-latency layout).
+
+    ``out[e, r] = mlp_e(x[e, r])`` for ``r < clamp(masked_m[e], 0, cap)``, zeros elsewhere; unweighted.
+    """
+    call = check_masked_call(x, weights, masked_m, activation=activation, out=out, x_dtypes=_REF_DTYPES)
+    res = torch.zeros(call.experts, call.capacity, call.hidden, dtype=torch.float32, device=x.device)
+    counts = masked_m.clamp(0, call.capacity).tolist()
+    for e, m in enumerate(counts):
+        if m:
+            res[e, :m] = _expert_mlp(x[e, :m].float(), weights, e, call.activation.name)
+    if out is not None:
+        out.copy_(res)
+    return res
