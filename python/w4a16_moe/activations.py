@@ -49,9 +49,9 @@ def get_activation(name: "str | Activation") -> Activation:
 
 
 def apply_activation(h: torch.Tensor, activation: "str | Activation") -> torch.Tensor:
-    """FP32 activation of ``h`` (``[..., 2I]`` when gated, ``[..., I]`` otherwise)."""
+    """Activation of ``h`` (``[..., 2I]`` when gated, ``[..., I]`` otherwise) in FP32, or FP64 for FP64 input."""
     act = get_activation(activation)
-    h = h.float()
+    h = h if h.dtype == torch.float64 else h.float()
     if act.gated:
         i = h.shape[-1] // 2
         gate, up = h[..., :i], h[..., i:]

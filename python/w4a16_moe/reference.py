@@ -26,8 +26,39 @@ def _expert(qm: QuantizedMatrix, e: int) -> torch.Tensor:
 
 
 def _expert_mlp(x: torch.Tensor, weights: MoEWeights, e: int, activation: str) -> torch.Tensor:
-    h = x @ _expert(weights.w13, e).t()
-    return apply_activation(h, activation) @ _expert(weights.w2, e).t()
+    """One expert's MLP on rows ``x``: computed in FP64 and rounded to FP32.
+
+    FP64 makes each row's result independent of how many rows are batched with it (the last FP64 bits
+    of a BLAS product may depend on the batch; after rounding to FP32 they do not, except with
+    negligible probability), so the expert-parallel path, which batches rows differently, reproduces
+    the single-process result exactly.
+    """
+    h = x.double() @ _expert(weights.w13, e).double().t()
+    a = apply_activation(h, activation)
+    return (a @ _expert(weights.w2, e).double().t()).float()
+
+
+def reference_routes(
+    x: torch.Tensor, weights: MoEWeights, topk_ids: torch.Tensor, *, activation: str, expert_offset: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-route expert outputs ``y [T, k, H]`` (FP32, unweighted; zeros for invalid routes) and the
+    ``valid [T, k]`` mask. Inputs must already be validated."""
+    t, k = topk_ids.shape
+    local = topk_ids.long() - expert_offset
+    valid = (local >= 0) & (local < weights.num_experts)
+    y = torch.zeros(t, k, x.shape[1], dtype=torch.float32, device=x.device)
+    for e in torch.unique(local[valid]).tolist():
+        tok, slot = torch.nonzero(valid & (local == e), as_tuple=True)
+        y[tok, slot] = _expert_mlp(x[tok], weights, e, activation)
+    return y, valid
+
+
+def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``sum_j topk_weights[:, j] * y[:, j]`` over valid routes, in FP32 and fixed top-k order."""
+    res = torch.zeros(y.shape[0], y.shape[2], dtype=torch.float32, device=y.device)
+    for j in range(y.shape[1]):
+        res += torch.where(valid[:, j, None], topk_weights[:, j, None] * y[:, j].float(), 0.0)
+    return res
 
 
 def reference_moe(
@@ -49,20 +80,12 @@ def reference_moe(
     ``finalize`` and ``backend`` are accepted for signature compatibility and change nothing.
     Returns FP32 ``[T, H]``; when ``out`` is given the result is also copied into it.
     """
-    call = check_moe_call(
+    check_moe_call(
         x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
         expert_offset=expert_offset, out=out, x_dtypes=_REF_DTYPES,
     )
-    xf = x.float()
-    local = topk_ids.long() - expert_offset
-    valid = (local >= 0) & (local < call.experts)
-    y = torch.zeros(call.tokens, call.top_k, call.hidden, dtype=torch.float32, device=x.device)
-    for e in torch.unique(local[valid]).tolist():
-        tok, slot = torch.nonzero(valid & (local == e), as_tuple=True)
-        y[tok, slot] = _expert_mlp(xf[tok], weights, e, call.activation.name)
-    res = torch.zeros(call.tokens, call.hidden, dtype=torch.float32, device=x.device)
-    for j in range(call.top_k):  # fixed top-k order
-        res += torch.where(valid[:, j, None], topk_weights[:, j, None] * y[:, j], 0.0)
+    y, valid = reference_routes(x, weights, topk_ids, activation=activation, expert_offset=expert_offset)
+    res = combine_routes(y, topk_weights, valid)
     if out is not None:
         out.copy_(res)
     return res
@@ -86,7 +109,7 @@ def reference_moe_masked(
     counts = masked_m.clamp(0, call.capacity).tolist()
     for e, m in enumerate(counts):
         if m:
-            res[e, :m] = _expert_mlp(x[e, :m].float(), weights, e, call.activation.name)
+            res[e, :m] = _expert_mlp(x[e, :m], weights, e, call.activation.name)
     if out is not None:
         out.copy_(res)
     return res

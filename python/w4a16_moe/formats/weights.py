@@ -19,7 +19,7 @@ derives it once with :meth:`MoEWeights.packed_for` and keeps it cached beside th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
 import torch
@@ -141,6 +141,15 @@ class QuantizedMatrix:
                 raise ValueError(f"{name}.{key}: must be contiguous")
 
 
+def layout_cache(anchor: torch.Tensor) -> dict:
+    """The dict of derived layouts attached to ``anchor`` (created on first use)."""
+    cache = getattr(anchor, "_w4a16_layouts", None)
+    if cache is None:
+        cache = {}
+        anchor._w4a16_layouts = cache
+    return cache
+
+
 def _describe(t: Any) -> str:
     if isinstance(t, torch.Tensor):
         return f"{t.dtype} tensor of shape {tuple(t.shape)}"
@@ -160,7 +169,6 @@ class MoEWeights:
     w13: QuantizedMatrix
     w2: QuantizedMatrix
     gated: bool
-    _packed: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.scheme = get_scheme(self.scheme)
@@ -217,12 +225,16 @@ class MoEWeights:
         return (self.w13.nbytes() + self.w2.nbytes()) // self.num_experts
 
     def packed_for(self, key: str, build: Callable[["MoEWeights"], Any]) -> Any:
-        """Return (and cache) a provider-specific layout derived once from the canonical tensors."""
-        hit = self._packed.get(key)
-        if hit is None:
-            hit = build(self)
-            self._packed[key] = hit
-        return hit
+        """Return (and cache) a provider-specific layout derived once from the canonical tensors.
+
+        The cache hangs off the ``w13.codes`` tensor object, so it survives the weights being
+        re-wrapped (the torch ops rebuild a MoEWeights from its tensors on every call) and is freed
+        with the tensors. Keys name the provider and every parameter of the layout.
+        """
+        cache = layout_cache(self.w13.codes)
+        if key not in cache:
+            cache[key] = build(self)
+        return cache[key]
 
     # -- converters (see formats.converters for the checkpoint layouts) ----------------------------
     @classmethod

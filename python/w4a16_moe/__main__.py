@@ -1,0 +1,24 @@
+"""``python -m w4a16_moe [demo|doctor|bench] ...`` (``demo`` when no command is given)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmd = argv.pop(0) if argv and not argv[0].startswith("-") else "demo"
+    if cmd == "demo":
+        from .demo import main as run
+    elif cmd == "doctor":
+        from .doctor import main as run
+    elif cmd == "bench":
+        from .bench.run import main as run
+    else:
+        print(f"unknown command {cmd!r}; commands: demo, doctor, bench", file=sys.stderr)
+        return 2
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

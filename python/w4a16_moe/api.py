@@ -1,0 +1,134 @@
+"""The public entry points: :func:`quantize_experts`, :func:`fused_moe`, :func:`fused_moe_masked`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import ops
+from .activations import get_activation
+from .formats.quantize import quantize_matrix
+from .formats.schemes import Scheme, get_scheme
+from .formats.weights import MoEWeights
+
+__all__ = ["quantize_experts", "fused_moe", "fused_moe_masked"]
+
+
+def quantize_experts(
+    w13: torch.Tensor, w2: torch.Tensor, scheme: "str | Scheme", *, activation: str = "swiglu",
+    scale_dtype: Optional[torch.dtype] = None,
+) -> MoEWeights:
+    """Quantize dense expert weights into ``scheme``.
+
+    Args:
+        w13: ``[E, 2I, H]`` (gate rows ``0..I-1``, then up rows) for gated activations, ``[E, I, H]``
+            for non-gated ones; BF16, FP16 or FP32.
+        w2: ``[E, H, I]``.
+        scheme: a name from :data:`w4a16_moe.SCHEMES`.
+        activation: the activation the layer will run; decides whether ``w13`` is gated.
+        scale_dtype: dtype of INT4 scales (default: the weights' dtype, BF16 for FP32 weights).
+    """
+    sch = get_scheme(scheme)
+    act = get_activation(activation)
+    for name, t in (("w13", w13), ("w2", w2)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(t.shape)}")
+    e, n13, h = w13.shape
+    if tuple(w2.shape[:2]) != (e, h):
+        raise ValueError(f"w2: expected shape [E={e}, H={h}, I], got {tuple(w2.shape)}")
+    i = w2.shape[2]
+    want = 2 * i if act.gated else i
+    if n13 != want:
+        rows = "2I" if act.gated else "I"
+        raise ValueError(
+            f"w13: activation {act.name!r} needs {rows}={want} rows for I={i} (from w2), got {n13}"
+        )
+    q13 = quantize_matrix(w13, sch, name="w13", scale_dtype=scale_dtype)
+    q2 = quantize_matrix(w2, sch, name="w2", scale_dtype=scale_dtype)
+    return MoEWeights(sch, q13, q2, act.gated)
+
+
+def _check_tensor_args(**kw: object) -> None:
+    for name, v in kw.items():
+        if v is not None and not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(v).__name__}")
+
+
+def _check_scalar_args(**kw: object) -> None:
+    for name, v in kw.items():
+        if name == "expert_offset":
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"expert_offset: expected an int, got {type(v).__name__}")
+        elif not isinstance(v, str):
+            raise TypeError(f"{name}: expected a str, got {type(v).__name__}")
+
+
+def fused_moe(
+    x: torch.Tensor,
+    weights: MoEWeights,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    activation: str = "swiglu",
+    finalize: str = "deterministic",
+    expert_offset: int = 0,
+    backend: str = "auto",
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Fused MoE over routed tokens with 4-bit expert weights.
+
+    Args:
+        x: ``[T, H]`` BF16 or FP16, contiguous, on a CUDA GPU.
+        weights: the layer's local experts (:class:`MoEWeights`), on x's device.
+        topk_weights: ``[T, k]`` FP32 routing weights (used as given: no renormalization).
+        topk_ids: ``[T, k]`` int32 (int64 accepted) global expert ids. Local experts are ids
+            ``expert_offset .. expert_offset + E - 1``; any other id (-1 included) contributes nothing.
+        activation: ``swiglu`` | ``geglu`` (gated) or ``relu2`` | ``silu`` (non-gated).
+        finalize: ``deterministic`` (fixed top-k-order FP32 combine, bit-identical run to run) or
+            ``fused`` (fastest, may use atomics).
+        expert_offset: first global id of the local experts (expert parallelism).
+        backend: ``auto`` | ``cute`` | ``triton`` | ``reference`` (``W4A16_MOE_BACKEND`` applies to ``auto``).
+        out: optional ``[T, H]`` output of x's dtype to write into.
+
+    Returns:
+        ``[T, H]`` in x's dtype: ``sum_j topk_weights[t, j] * w2_e(act(w13_e x[t]))``.
+    """
+    _check_tensor_args(x=x, topk_weights=topk_weights, topk_ids=topk_ids, out=out)
+    _check_scalar_args(activation=activation, finalize=finalize, expert_offset=expert_offset, backend=backend)
+    if not isinstance(weights, MoEWeights):
+        raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
+    args = (x, *ops.weight_args(weights), topk_weights, topk_ids, weights.scheme.name, activation, finalize,
+            expert_offset, backend)
+    if out is None:
+        return torch.ops.w4a16_moe.fused_moe(*args)
+    torch.ops.w4a16_moe.fused_moe_out(*args, out)
+    return out
+
+
+def fused_moe_masked(
+    x: torch.Tensor, weights: MoEWeights, masked_m: torch.Tensor, *, activation: str = "swiglu",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Fused MoE in DeepEP's low-latency (masked per-expert) layout.
+
+    Args:
+        x: ``[E, cap, H]`` BF16 or FP16, contiguous: the tokens each local expert received.
+        weights: the ``E`` local experts.
+        masked_m: ``[E]`` int32 on the GPU: how many rows of ``x[e]`` are real. Values are clamped to
+            ``[0, cap]``; rows at or past ``masked_m[e]`` are not read.
+        activation, backend: as for :func:`fused_moe`.
+
+    Returns:
+        ``[E, cap, H]`` in x's dtype: ``w2_e(act(w13_e x[e, r]))`` for real rows (unweighted: DeepEP's
+        combine applies the routing weights), zeros for the others.
+    """
+    _check_tensor_args(x=x, masked_m=masked_m)
+    _check_scalar_args(activation=activation, backend=backend)
+    if not isinstance(weights, MoEWeights):
+        raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
+    return torch.ops.w4a16_moe.fused_moe_masked(
+        x, *ops.weight_args(weights), masked_m, weights.scheme.name, activation, backend
+    )

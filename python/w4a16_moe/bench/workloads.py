@@ -1,0 +1,105 @@
+"""The benchmark workloads of targets.md, their synthetic data and the floor model.
+
+Data (exactly as targets.md specifies): generator seed 20260908 on the GPU; int4 codes uniform
+random; scales uniform in [0.75, 1.25] / (4.6 * sqrt(K)) stored in BF16; x ~ N(0, 1) in BF16;
+``topk_ids`` = top-k of uniform random scores over the global experts (distinct per token);
+``topk_weights`` = softmax of N(0, 1) logits in FP32; fresh routing and activations per token count.
+Routes to experts outside the local range contribute nothing (another rank's work).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..formats.schemes import get_scheme
+from ..formats.weights import MoEWeights, QuantizedMatrix
+
+__all__ = ["Workload", "WORKLOADS", "make_weights", "make_inputs", "floor_us", "SEED", "COPY_BW", "BF16_FLOPS"]
+
+SEED = 20260908
+COPY_BW = 4.3e12  # B/s, device-to-device copy measured on the H200 (bytes read + written)
+BF16_FLOPS = 7.9e14  # FLOP/s, bf16 GEMM measured on the H200
+LAUNCH_FLOOR_US = 6.0  # one graph-replayed launch chain costs a few microseconds
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    global_experts: int
+    local_experts: int
+    hidden: int
+    intermediate: int
+    top_k: int
+    scheme: str
+    tokens: tuple
+
+    @property
+    def gated(self) -> bool:
+        return True  # both workloads are SwiGLU
+
+
+WORKLOADS = {
+    "kimi-tp8": Workload(
+        "kimi-tp8", "W1: Kimi-K2 TP8 shard, E=384, H=7168, I=256, top-8, INT4 g32",
+        384, 384, 7168, 256, 8, "int4_g32", (1, 8, 32, 256, 1024, 2048),
+    ),
+    "deepseek-ep8": Workload(
+        "deepseek-ep8", "W2: DeepSeek EP8 rank, 256 global / 32 local experts, H=7168, I=2048, top-8, INT4 g128",
+        256, 32, 7168, 2048, 8, "int4_g128", tuple(2**i for i in range(14)),
+    ),
+}
+
+
+def _matrix(gen: torch.Generator, scheme: str, e: int, n: int, k: int, device) -> QuantizedMatrix:
+    sch = get_scheme(scheme)
+    codes = torch.randint(0, 256, (e, n, k // 2), generator=gen, device=device, dtype=torch.int32).to(torch.uint8)
+    g = sch.group_for(k)
+    u = torch.rand(e, n, k // g, generator=gen, device=device)
+    scales = ((0.75 + 0.5 * u) / (4.6 * math.sqrt(k))).to(torch.bfloat16)
+    return QuantizedMatrix(sch, codes, scales)
+
+
+def make_weights(wl: Workload, gen: torch.Generator, device="cuda") -> MoEWeights:
+    """Random quantized local experts of ``wl`` (codes and scales drawn directly, no dense weights)."""
+    w13 = _matrix(gen, wl.scheme, wl.local_experts, 2 * wl.intermediate, wl.hidden, device)
+    w2 = _matrix(gen, wl.scheme, wl.local_experts, wl.hidden, wl.intermediate, device)
+    return MoEWeights(get_scheme(wl.scheme), w13, w2, wl.gated)
+
+
+def make_inputs(wl: Workload, tokens: int, gen: torch.Generator, device="cuda"):
+    """``(x [T, H] bf16, topk_weights [T, k] fp32, topk_ids [T, k] int32)`` for one row."""
+    x = torch.randn(tokens, wl.hidden, generator=gen, device=device).to(torch.bfloat16)
+    scores = torch.rand(tokens, wl.global_experts, generator=gen, device=device)
+    ids = scores.topk(wl.top_k, dim=1).indices.to(torch.int32)
+    logits = torch.randn(tokens, wl.top_k, generator=gen, device=device)
+    return x, torch.softmax(logits, dim=1), ids
+
+
+def floor_us(wl: Workload, weights: MoEWeights, tokens: int, topk_ids: torch.Tensor, expert_offset: int = 0) -> dict:
+    """The physical floor of one row on the H200 from its actual routing.
+
+    bytes = weights (codes + scales + zero points) of the distinct local experts present in ``topk_ids``
+    + tokens*H*2 bytes in and out; flops = 2 * local routes * (H*2I + I*H);
+    floor = max(bytes / 4.3e12, flops / 7.9e14); floor_eff = max(floor, 6 us).
+    """
+    local = topk_ids.long() - expert_offset
+    valid = (local >= 0) & (local < weights.num_experts)
+    present = int(torch.unique(local[valid]).numel())
+    routes = int(valid.sum())
+    per_expert = weights.nbytes_per_expert()
+    act_bytes = tokens * wl.hidden * 2 * 2
+    nbytes = present * per_expert + act_bytes
+    flops = 2 * routes * (wl.hidden * 2 * wl.intermediate + wl.intermediate * wl.hidden)
+    floor = max(nbytes / COPY_BW, flops / BF16_FLOPS) * 1e6
+    return {
+        "floor_us": floor,
+        "floor_eff_us": max(floor, LAUNCH_FLOOR_US),
+        "bytes": nbytes,
+        "flops": flops,
+        "experts_present": present,
+        "local_routes": routes,
+    }

@@ -1,0 +1,120 @@
+"""``python -m w4a16_moe doctor [--json]``: what this machine can run, and which provider a case gets.
+
+Prints the device and its arch, the providers and why each is or is not available, the kernel
+cache location and prebuilt kernels, and the provider decision for a case (``--scheme``,
+``--dtype``, ``--hidden``, ``--intermediate``, ``--experts``, ``--activation``, ``--backend``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import platform
+import sys
+from typing import Optional
+
+import torch
+
+from . import __version__
+from .activations import get_activation
+from .device import probe
+from .formats.schemes import SCHEMES, get_scheme
+from .providers import (
+    BACKENDS,
+    ProviderUnavailable,
+    cute_unavailable_reason,
+    resolve_backend,
+    select_provider,
+    triton_unavailable_reason,
+)
+from .validate import MoECall
+
+__all__ = ["report", "main"]
+
+
+def _ver(name: str) -> Optional[str]:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _loader_info() -> dict:
+    try:
+        from . import loader
+
+        describe = getattr(loader, "describe", None)
+        return describe() if describe else {"status": "loader not available in this version"}
+    except Exception as exc:  # the doctor must always print something useful
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, experts=384, top_k=8,
+           activation="swiglu", backend="auto", device: Optional[str] = None) -> dict:
+    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = probe(dev)
+    call = MoECall(
+        tokens=1, top_k=top_k, hidden=hidden, intermediate=intermediate, experts=experts,
+        dtype=getattr(torch, dtype), device=dev, activation=get_activation(activation), finalize="deterministic",
+        expert_offset=0, scheme=get_scheme(scheme).name,
+    )
+    providers = {
+        "cute": cute_unavailable_reason(call, info) or "available",
+        "triton": triton_unavailable_reason(call, info) or "available",
+        "reference": "available (FP32, any device)",
+    }
+    try:
+        resolved = resolve_backend(backend)
+        d = select_provider(call, resolved, info)
+        decision = {"backend": resolved, "provider": d.provider, "reason": d.reason}
+    except (ProviderUnavailable, ValueError) as exc:
+        decision = {"backend": backend, "provider": None, "reason": str(exc)}
+    return {
+        "w4a16_moe": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": _ver("triton"),
+        "nvidia-cutlass-dsl": _ver("nvidia-cutlass-dsl"),
+        "device": {"type": info.type, "name": info.name, "arch": info.arch,
+                   "capability": list(info.capability) if info.capability else None, "sm_count": info.sm_count},
+        "providers": providers,
+        "kernels": _loader_info(),
+        "case": {"scheme": call.scheme, "dtype": dtype, "hidden": hidden, "intermediate": intermediate,
+                 "experts": experts, "top_k": top_k, "activation": activation},
+        "decision": decision,
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m w4a16_moe doctor", description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    ap.add_argument("--scheme", default="int4_g32", choices=list(SCHEMES))
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--intermediate", type=int, default=256)
+    ap.add_argument("--experts", type=int, default=384)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--activation", default="swiglu")
+    ap.add_argument("--backend", default="auto", choices=list(BACKENDS))
+    ap.add_argument("--device", default=None, help="e.g. cuda:1 (default: cuda if available, else cpu)")
+    a = ap.parse_args(argv)
+    r = report(a.scheme, a.dtype, a.hidden, a.intermediate, a.experts, a.top_k, a.activation, a.backend, a.device)
+    if a.json:
+        json.dump(r, sys.stdout, indent=1)
+        print()
+        return 0
+    d = r["device"]
+    print(f"w4a16_moe {r['w4a16_moe']}  python {r['python']}  torch {r['torch']}  triton {r['triton']}  "
+          f"cutlass-dsl {r['nvidia-cutlass-dsl']}")
+    print(f"device   : {d['name']} ({d['type']}, arch {d['arch']}, {d['sm_count']} SMs)")
+    for p, why in r["providers"].items():
+        print(f"provider : {p:9s} {why}")
+    for key, val in (r["kernels"] or {}).items():
+        print(f"kernels  : {key}: {val}")
+    c = r["case"]
+    print(f"case     : {c['scheme']} {c['dtype']} H={c['hidden']} I={c['intermediate']} E={c['experts']} "
+          f"top-{c['top_k']} {c['activation']}")
+    dec = r["decision"]
+    print(f"decision : backend={dec['backend']} -> {dec['provider'] or 'none'}: {dec['reason']}")
+    return 0

@@ -1,0 +1,145 @@
+"""The torch ops behind the public API: ``torch.ops.w4a16_moe.{fused_moe, fused_moe_out, fused_moe_masked}``.
+
+Each op takes the weights as their canonical tensors (see :mod:`w4a16_moe.formats.weights`)
+so it can live in a TorchScript-style schema; each has a fake (meta) implementation, so
+``torch.compile(fullgraph=True)`` traces calls without graph breaks. The real implementation
+validates the call, picks a provider (:mod:`w4a16_moe.providers`) and launches it.
+
+Schemas (``W`` stands for the eight weight tensors
+``w13_codes, w13_scales, w13_zeros?, w13_global_scale?, w2_codes, w2_scales, w2_zeros?, w2_global_scale?``)::
+
+    fused_moe(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend) -> Tensor
+    fused_moe_out(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out!) -> ()
+    fused_moe_masked(x, W, masked_m, scheme, activation, backend) -> Tensor
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .formats.schemes import get_scheme
+from .formats.weights import MoEWeights, QuantizedMatrix
+from .providers import resolve_backend, select_provider
+from .validate import check_masked_call, check_moe_call
+
+__all__ = ["weight_args", "weights_from_args"]
+
+_W = (
+    "Tensor w13_codes, Tensor w13_scales, Tensor? w13_zeros, Tensor? w13_global_scale, "
+    "Tensor w2_codes, Tensor w2_scales, Tensor? w2_zeros, Tensor? w2_global_scale"
+)
+_ROUTED = "Tensor topk_weights, Tensor topk_ids, str scheme, str activation, str finalize, int expert_offset, str backend"
+
+_lib = torch.library.Library("w4a16_moe", "DEF")
+_lib.define(f"fused_moe(Tensor x, {_W}, {_ROUTED}) -> Tensor")
+_lib.define(f"fused_moe_out(Tensor x, {_W}, {_ROUTED}, Tensor(a!) out) -> ()")
+_lib.define(f"fused_moe_masked(Tensor x, {_W}, Tensor masked_m, str scheme, str activation, str backend) -> Tensor")
+
+
+def weight_args(w: MoEWeights) -> tuple:
+    """The eight weight tensors of ``w`` in op-argument order."""
+    a, b = w.w13, w.w2
+    return (a.codes, a.scales, a.zeros, a.global_scale, b.codes, b.scales, b.zeros, b.global_scale)
+
+
+def weights_from_args(scheme: str, *t: Optional[torch.Tensor]) -> MoEWeights:
+    """Rebuild :class:`MoEWeights` (validated) from :func:`weight_args` tensors."""
+    sch = get_scheme(scheme)
+    w13 = QuantizedMatrix(sch, t[0], t[1], t[2], t[3])
+    w2 = QuantizedMatrix(sch, t[4], t[5], t[6], t[7])
+    if not isinstance(t[4], torch.Tensor) or t[4].dim() != 3:
+        raise TypeError("w2.codes: expected a uint8 tensor [E, H, I/2]")
+    gated = isinstance(t[0], torch.Tensor) and t[0].dim() == 3 and t[0].shape[1] == 2 * t[4].shape[2] * 2
+    return MoEWeights(sch, w13, w2, gated)
+
+
+def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+    weights = weights_from_args(scheme, *wts)
+    call = check_moe_call(
+        x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
+        expert_offset=expert_offset, out=out,
+    )
+    decision = select_provider(call, resolve_backend(backend))
+    if decision.provider == "reference":
+        from .reference import reference_moe
+
+        out.copy_(reference_moe(x, weights, topk_weights, topk_ids, activation=activation, expert_offset=expert_offset))
+    elif decision.provider == "triton":
+        from .kernels.triton.moe import triton_fused_moe
+
+        triton_fused_moe(
+            x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
+            expert_offset=expert_offset, out=out,
+        )
+    else:
+        from .kernels.cute.provider import cute_fused_moe
+
+        cute_fused_moe(x, weights, topk_weights, topk_ids, call=call, out=out)
+
+
+@torch.library.impl(_lib, "fused_moe", "CompositeExplicitAutograd")
+def _fused_moe(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+               topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
+    wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    out = torch.empty_like(x)
+    _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out)
+    return out
+
+
+@torch.library.impl(_lib, "fused_moe_out", "CompositeExplicitAutograd")
+def _fused_moe_out(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                   topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+    wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out)
+
+
+@torch.library.impl(_lib, "fused_moe_masked", "CompositeExplicitAutograd")
+def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                      masked_m, scheme, activation, backend):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    call = check_masked_call(x, weights, masked_m, activation=activation)
+    decision = select_provider(call, resolve_backend(backend))
+    out = torch.empty_like(x)
+    if decision.provider == "reference":
+        from .reference import reference_moe_masked
+
+        out.copy_(reference_moe_masked(x, weights, masked_m, activation=activation))
+    elif decision.provider == "triton":
+        from .kernels.triton.moe import triton_fused_moe_masked
+
+        triton_fused_moe_masked(x, weights, masked_m, activation=activation, out=out)
+    else:
+        from .kernels.cute.provider import cute_fused_moe_masked
+
+        cute_fused_moe_masked(x, weights, masked_m, call=call, out=out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# fake (meta) implementations: shape checks only, so torch.compile reports bad input at trace time
+# ------------------------------------------------------------------------------------------------
+
+@torch.library.register_fake("w4a16_moe::fused_moe")
+def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                    topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize, expert_offset=expert_offset)
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("w4a16_moe::fused_moe_out")
+def _fused_moe_out_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                        topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
+                   expert_offset=expert_offset, out=out)
+
+
+@torch.library.register_fake("w4a16_moe::fused_moe_masked")
+def _fused_moe_masked_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                           masked_m, scheme, activation, backend):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    check_masked_call(x, weights, masked_m, activation=activation)
+    return torch.empty_like(x)

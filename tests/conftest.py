@@ -1,0 +1,63 @@
+"""Shared pytest setup: the ``gpu`` marker, and small weight/routing builders used across tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+try:  # running from a source checkout without installing
+    import w4a16_moe  # noqa: F401
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def k_for(scheme: str, base: int = 64) -> int:
+    """A reduction size valid for ``scheme`` (a multiple of its group size)."""
+    from w4a16_moe import get_scheme
+
+    return max(base, get_scheme(scheme).min_k_multiple())
+
+
+def random_weights(scheme, e, h, i, *, activation="swiglu", dtype=torch.float16, device="cpu", seed=0):
+    """Quantized random experts (std ~ 1/sqrt(K) so activations stay O(1))."""
+    import w4a16_moe as wm
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    n13 = 2 * i if wm.get_activation(activation).gated else i
+    w13 = torch.randn(e, n13, h, generator=g) / h**0.5
+    w2 = torch.randn(e, h, i, generator=g) / i**0.5
+    return wm.quantize_experts(w13.to(dtype), w2.to(dtype), scheme, activation=activation).to(device)
+
+
+def random_routing(t, k, num_global, *, seed=0, device="cpu", dtype=torch.int32):
+    """Distinct top-k ids per token (uniform over ``num_global`` experts) and softmax weights."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    scores = torch.rand(t, num_global, generator=g)
+    ids = scores.topk(k, dim=1).indices.to(dtype)
+    w = torch.softmax(torch.randn(t, k, generator=g), dim=1)
+    return w.to(device), ids.to(device)
+
+
+def nrmse(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.float(), ref.float()
+    den = ref.norm().item()
+    num = (out - ref).norm().item()
+    return num / den if den > 0 else num

@@ -1,0 +1,66 @@
+"""The torch ops: registration, fake (meta) implementations, torch.compile without graph breaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import w4a16_moe as wm
+from w4a16_moe import ops
+
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights
+
+
+def test_ops_registered():
+    for name in ("fused_moe", "fused_moe_out", "fused_moe_masked"):
+        assert hasattr(torch.ops.w4a16_moe, name)
+
+
+@pytest.mark.parametrize("scheme", ["int4_g32", "int4_g32_zp", "nvfp4"])
+def test_fake_shapes(scheme):
+    w = random_weights(scheme, 4, 64, 64, dtype=torch.bfloat16)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fw = w.to("cpu")
+        fw = wm.MoEWeights(fw.scheme, fw.w13.map(mode.from_tensor), fw.w2.map(mode.from_tensor), fw.gated)
+        x = torch.empty(5, 64, dtype=torch.bfloat16)
+        ids = torch.empty(5, 3, dtype=torch.int32)
+        tw = torch.empty(5, 3)
+        y = torch.ops.w4a16_moe.fused_moe(x, *ops.weight_args(fw), tw, ids, scheme, "swiglu", "fused", 0, "auto")
+        assert y.shape == (5, 64) and y.dtype == torch.bfloat16
+        xm = torch.empty(4, 7, 64, dtype=torch.bfloat16)
+        ym = torch.ops.w4a16_moe.fused_moe_masked(xm, *ops.weight_args(fw), torch.empty(4, dtype=torch.int32),
+                                                  scheme, "swiglu", "auto")
+        assert ym.shape == (4, 7, 64)
+        with pytest.raises(ValueError, match="x: hidden size 32"):
+            torch.ops.w4a16_moe.fused_moe(torch.empty(5, 32, dtype=torch.bfloat16), *ops.weight_args(fw), tw, ids,
+                                          scheme, "swiglu", "fused", 0, "auto")
+
+
+def _compiled_matches(device, backend, dtype):
+    torch._dynamo.reset()
+    w = random_weights("int4_g32", 4, 128, 64, dtype=dtype, device=device)
+    tw, ids = random_routing(6, 2, 4, device=device)
+    x = torch.randn(6, 128, dtype=dtype, device=device)
+    out = torch.empty_like(x)
+
+    def layer(x, tw, ids):
+        y = wm.fused_moe(x, w, tw, ids, backend=backend)
+        wm.fused_moe(x, w, tw, ids, backend=backend, out=out)
+        return y * 2
+
+    compiled = torch.compile(layer, fullgraph=True)
+    got = compiled(x, tw, ids)
+    ref = wm.reference_moe(x, w, tw, ids)
+    assert nrmse(got / 2, ref) < 0.02
+    assert nrmse(out, ref) < 0.02
+
+
+def test_torch_compile_fullgraph_cpu_reference():
+    _compiled_matches("cpu", "reference", torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_torch_compile_fullgraph_gpu(dtype):
+    _compiled_matches("cuda", "auto", dtype)

@@ -1,0 +1,106 @@
+"""Provider selection with the device probe mocked: no GPU, SM80, SM90, SM100."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import w4a16_moe as wm
+from w4a16_moe import providers
+from w4a16_moe.device import DeviceInfo
+from w4a16_moe.validate import check_moe_call
+
+from conftest import random_routing, random_weights
+
+CPU = DeviceInfo("cpu", "cpu")
+SM80 = DeviceInfo("cuda", "NVIDIA A100", (8, 0), 108)
+SM90 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+SM100 = DeviceInfo("cuda", "NVIDIA B200", (10, 0), 148)
+SM75 = DeviceInfo("cuda", "Tesla T4", (7, 5), 40)
+
+
+@pytest.fixture
+def call():
+    w = random_weights("int4_g32", 4, 64, 64)
+    tw, ids = random_routing(3, 2, 4)
+    return check_moe_call(torch.randn(3, 64, dtype=torch.float16), w, tw, ids)
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch):
+    monkeypatch.delenv("W4A16_MOE_BACKEND", raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+@pytest.mark.parametrize("info", [SM80, SM90, SM100])
+def test_auto_picks_triton_when_cute_unavailable(call, info):
+    d = providers.select_provider(call, "auto", info)
+    assert d.provider == "triton"
+    assert "cute" in d.rejected and d.rejected["cute"]
+
+
+def test_auto_picks_cute_when_it_covers_the_case(call, monkeypatch):
+    monkeypatch.setattr(providers, "cute_unavailable_reason", lambda c, i: None)
+    assert providers.select_provider(call, "auto", SM90).provider == "cute"
+
+
+def test_no_gpu_raises_clear_error(call):
+    with pytest.raises(wm.ProviderUnavailable, match="needs a CUDA GPU, but the tensors are on cpu.*reference"):
+        providers.select_provider(call, "auto", CPU)
+
+
+def test_reference_runs_anywhere(call):
+    assert providers.select_provider(call, "reference", CPU).provider == "reference"
+
+
+@pytest.mark.parametrize("info,match", [(CPU, "not a CUDA GPU"), (SM80, "sm_80"), (SM100, "sm_100a")])
+def test_explicit_cute_is_strict(call, info, match):
+    with pytest.raises(wm.ProviderUnavailable, match=f"backend='cute' cannot run fused_moe: .*{match}"):
+        providers.select_provider(call, "cute", info)
+
+
+def test_explicit_triton(call):
+    assert providers.select_provider(call, "triton", SM90).provider == "triton"
+    with pytest.raises(wm.ProviderUnavailable, match="compute capability 7.5 is below 8.0"):
+        providers.select_provider(call, "triton", SM75)
+    with pytest.raises(wm.ProviderUnavailable, match="not a CUDA GPU"):
+        providers.select_provider(call, "triton", CPU)
+
+
+def test_triton_interpreter_on_cpu(call, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert providers.select_provider(call, "auto", CPU).provider == "triton"
+
+
+def test_env_variable_applies_to_auto_only(monkeypatch):
+    monkeypatch.setenv("W4A16_MOE_BACKEND", "reference")
+    assert providers.resolve_backend("auto") == "reference"
+    assert providers.resolve_backend("triton") == "triton"
+    monkeypatch.setenv("W4A16_MOE_BACKEND", "fast")
+    with pytest.raises(ValueError, match="W4A16_MOE_BACKEND: expected one of .* got 'fast'"):
+        providers.resolve_backend("auto")
+
+
+def test_backend_name_checked():
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        providers.resolve_backend("cuda")
+    with pytest.raises(TypeError, match="backend: expected a str"):
+        providers.resolve_backend(None)
+
+
+def test_env_backend_reference_end_to_end(monkeypatch):
+    monkeypatch.setenv("W4A16_MOE_BACKEND", "reference")
+    w = random_weights("int4_g32", 4, 64, 64)
+    tw, ids = random_routing(3, 2, 4)
+    x = torch.randn(3, 64, dtype=torch.float16)
+    y = wm.fused_moe(x, w, tw, ids)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y.float(), wm.reference_moe(x, w, tw, ids), rtol=1e-3, atol=1e-3)
+
+
+def test_selection_is_logged(call, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="w4a16_moe"):
+        providers.select_provider(call, "auto", SM90)
+    assert any("provider triton" in r.message for r in caplog.records)
