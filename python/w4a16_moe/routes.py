@@ -1,0 +1,65 @@
+"""Per-route expert outputs and their fixed-order combine, per provider.
+
+:func:`w4a16_moe.fused_moe` with ``finalize="deterministic"`` is, for every provider, the composition
+``combine_routes(expert_routes(...))``. The expert-parallel layer (:mod:`w4a16_moe.distributed`) runs the
+two halves on different ranks; because both halves are the provider's own code, the result equals the
+single-process one bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .activations import get_activation
+from .formats.weights import MoEWeights
+from .providers import resolve_backend, select_provider
+from .validate import MoECall
+
+__all__ = ["expert_routes", "combine_routes", "weighted_partial"]
+
+
+def _provider(x: torch.Tensor, weights: MoEWeights, k: int, activation: str, backend: str) -> str:
+    call = MoECall(x.shape[0], k, weights.hidden_size, weights.intermediate_size, weights.num_experts, x.dtype,
+                   x.device, get_activation(activation), "deterministic", 0, weights.scheme.name)
+    return select_provider(call, resolve_backend(backend)).provider
+
+
+def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor, *, activation: str,
+                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y [R, k, H], valid [R, k])``: the unweighted output of every valid route (local ids, -1 = none).
+
+    ``y`` is FP32 for the reference provider and x's dtype for the GPU providers (what their
+    deterministic finalize reads); entries of invalid routes are unspecified.
+    """
+    prov = _provider(x, weights, local_ids.shape[1], activation, backend)
+    if prov == "reference":
+        from .reference import reference_routes
+
+        return reference_routes(x, weights, local_ids, activation=activation)
+    if prov == "triton":
+        from .kernels.triton.moe import triton_expert_routes
+
+        return triton_expert_routes(x, weights, local_ids, activation=activation)
+    from .kernels.cute.provider import cute_expert_routes
+
+    return cute_expert_routes(x, weights, local_ids, activation=activation)
+
+
+def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype, *,
+                   backend: str = "auto") -> torch.Tensor:
+    """``sum_j topk_weights[:, j] * y[:, j]`` over valid routes, FP32 in fixed top-k order, cast to ``dtype``."""
+    if y.dtype == torch.float32:  # reference routes
+        from .reference import combine_routes as ref_combine
+
+        return ref_combine(y, topk_weights, valid).to(dtype)
+    from .kernels.triton.moe import triton_combine_routes
+
+    return triton_combine_routes(y, topk_weights, valid)
+
+
+def weighted_partial(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, local_ids: torch.Tensor, *,
+                     activation: str, backend: str = "auto") -> torch.Tensor:
+    """``fused_moe`` over local ids (-1 = none) with fused finalize: per token, the weighted sum of its routes."""
+    from .api import fused_moe
+
+    return fused_moe(x, weights, topk_weights, local_ids, activation=activation, finalize="fused", backend=backend)

@@ -1,0 +1,122 @@
+"""Expert and tensor parallelism over torch.distributed: gloo + the reference provider on the CPU
+(2 and 4 processes started by the test), NCCL + the GPU providers on a machine with two GPUs."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import w4a16_moe as wm
+from w4a16_moe.distributed import ep_moe, shard_experts, shard_intermediate, tp_moe
+
+from conftest import nrmse, random_routing, random_weights
+
+E, H, I, K = 8, 64, 64, 3
+
+
+def _setup(world, seed=0, scheme="int4_g32", device="cpu"):
+    full = random_weights(scheme, E, H, I, dtype=torch.float16, seed=seed)
+    data = []
+    for r in range(world):
+        t = 5 + 3 * r  # ranks hold different token counts
+        tw, ids = random_routing(t, K, E + 2, seed=100 + r)  # ids E, E+1 belong to nobody
+        ids[0, 0] = -1
+        data.append((torch.randn(t, H, generator=torch.Generator().manual_seed(r)).half(), tw, ids))
+    return full, data
+
+
+def _worker(rank, world, init_file, mode, result_file):
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        full, data = _setup(world)
+        x, tw, ids = data[rank]
+        out = {}
+        if mode == "ep":
+            local = shard_experts(full, rank, world)
+            out["det"] = ep_moe(x, local, tw, ids, backend="reference", finalize="deterministic")
+            out["det2"] = ep_moe(x, local, tw, ids, backend="reference", finalize="deterministic")
+            out["fused"] = ep_moe(x, local, tw, ids, backend="reference", finalize="fused")
+        elif mode == "tp":
+            xs, tws, idss = data[0]  # TP: every rank sees the same tokens
+            shard = shard_intermediate(full, rank, world)
+            out["tp"] = tp_moe(xs, shard, tws, idss, backend="reference")
+        elif mode == "mismatch":
+            scheme = "int4_g32" if rank == 0 else "int4_g64"
+            local = shard_experts(random_weights(scheme, E, H, I, dtype=torch.float16), rank, world)
+            try:
+                ep_moe(x, local, tw, ids, backend="reference")
+                out["error"] = None
+            except ValueError as exc:
+                out["error"] = str(exc)
+        torch.save(out, f"{result_file}.{rank}")
+        dist.destroy_process_group()
+    except Exception:
+        with open(f"{result_file}.{rank}.err", "w") as f:
+            f.write(traceback.format_exc())
+        raise
+
+
+def _spawn(world, mode):
+    with tempfile.TemporaryDirectory() as d:
+        init, res = os.path.join(d, "init"), os.path.join(d, "res")
+        mp.spawn(_worker, args=(world, init, mode, res), nprocs=world, join=True)
+        return [torch.load(f"{res}.{r}") for r in range(world)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ep_matches_single_process_exactly(world):
+    results = _spawn(world, "ep")
+    full, data = _setup(world)
+    for r, (x, tw, ids) in enumerate(data):
+        single = wm.fused_moe(x, full, tw, ids, backend="reference")
+        assert torch.equal(results[r]["det"], single), f"rank {r}"
+        assert torch.equal(results[r]["det2"], results[r]["det"])  # bit-identical run to run
+        ref = wm.reference_moe(x, full, tw, ids)
+        assert nrmse(results[r]["fused"], ref) < 0.01
+
+
+def test_tp_matches_reference():
+    results = _spawn(2, "tp")
+    full, data = _setup(2)
+    x, tw, ids = data[0]
+    ref = wm.reference_moe(x, full, tw, ids)
+    for r in range(2):
+        assert nrmse(results[r]["tp"], ref) < 0.01
+    assert torch.equal(results[0]["tp"], results[1]["tp"])
+
+
+def test_ep_weights_differ_across_ranks():
+    results = _spawn(2, "mismatch")
+    for r in range(2):
+        assert results[r]["error"] is not None and "scheme differs across ranks" in results[r]["error"]
+
+
+def test_shard_checks():
+    full = random_weights("int4_g32", 6, 64, 64)
+    with pytest.raises(ValueError, match="6 experts are not divisible by the world size 4"):
+        shard_experts(full, 0, 4)
+    with pytest.raises(ValueError, match="intermediate shard 16 .* is not a multiple of 32"):
+        shard_intermediate(full, 0, 4)
+    parts = [shard_experts(full, r, 3) for r in range(3)]
+    assert torch.equal(torch.cat([p.w13.codes for p in parts]), full.w13.codes)
+
+
+def test_tp_shards_sum_to_full():
+    full = random_weights("int4_g32", 4, 64, 128, seed=3)
+    x = torch.randn(4, 64).half()
+    tw, ids = random_routing(4, 2, 4)
+    parts = [wm.reference_moe(x, shard_intermediate(full, r, 2), tw, ids) for r in range(2)]
+    torch.testing.assert_close(parts[0] + parts[1], wm.reference_moe(x, full, tw, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_requires_initialized_group():
+    full = random_weights("int4_g32", 4, 64, 64)
+    tw, ids = random_routing(2, 2, 4)
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        ep_moe(torch.randn(2, 64).half(), full, tw, ids, backend="reference")
