@@ -1,0 +1,226 @@
+"""Route preparation on the GPU: group the valid (token, slot) routes by local expert.
+
+A *route* is one entry ``r = t * k + j`` of ``topk_ids [T, k]``. It is *valid* when
+``expert_offset <= topk_ids[t, j] < expert_offset + E``; its local expert is ``topk_ids[t, j] - expert_offset``.
+Everything here runs in Triton kernels with shapes known on the host, so a call never synchronizes
+and can be captured in a CUDA graph.
+
+Outputs (a :class:`RoutePlan`, all int32):
+
+``sorted_routes [R]``   route ids grouped by expert: positions ``route_start[e] .. route_start[e+1]-1`` hold
+                        the routes of expert ``e`` (in no particular order inside an expert). Positions at or
+                        past ``route_start[E]`` (the number of valid routes) are not written.
+``route_start [E+1]``   exclusive prefix sum of the per-expert route counts.
+``block_info [B, 4]``   one row per GEMM row-block ``b < B`` (``B = num_blocks``, a host-side upper bound):
+                        ``(expert, row_begin, row_end, unused)``. Block ``b`` covers sorted positions
+                        ``row_begin .. min(row_begin + BLOCK_M, row_end) - 1``; blocks of expert ``e`` are
+                        consecutive. Unused blocks are ``(E, 0, 0)``: a GEMM program reading one exits.
+
+Two implementations, chosen on the host from ``R = T * k`` (never from data):
+
+* ``R <= SMALL_ROUTES``: one single-program kernel (zero the counts, ``tl.debug_barrier``, count with
+  atomics, barrier, scan + block table, barrier, scatter with atomics). One launch, no memset.
+* larger: a memset plus three kernels (count over many programs, single-program scan, scatter over
+  many programs), so prefill-sized inputs are not serialized on one SM.
+
+Scatter positions come from ``tl.atomic_add(cursor + e, 1)``, which hands distinct old values to the
+lanes of one vector even when they hit the same address; the order inside an expert is therefore
+arbitrary, which is harmless: every GEMM row is computed independently of its neighbours.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["RoutePlan", "prepare_routes", "num_row_blocks", "SMALL_ROUTES"]
+
+# Routes up to which the single-program preparation kernel is used (one launch instead of four).
+SMALL_ROUTES = 4096
+_CHUNK = 1024  # routes handled per vector step
+_BLOCK_TILE = 4096  # elements of the [experts, J_CHUNK] tile used when writing block_info
+_PREP_WARPS = 4
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Device tensors describing the expert-grouped routes (see module docstring)."""
+
+    sorted_routes: torch.Tensor
+    route_start: torch.Tensor
+    block_info: torch.Tensor
+    num_blocks: int
+    block_m: int
+
+
+def num_row_blocks(num_routes: int, num_experts: int, block_m: int) -> int:
+    """Host-side upper bound on ``sum_e cdiv(count_e, block_m)`` over any routing of ``num_routes`` routes.
+
+    ``cdiv(c, m) <= (c - 1) // m + 1`` summed over the (at most ``min(E, R)``) non-empty experts is at most
+    ``cdiv(R, m) + min(E, R)``; and ``cdiv(c, m) <= c`` gives ``R``.
+    """
+    return min(num_routes, triton.cdiv(num_routes, block_m) + min(num_experts, num_routes))
+
+
+# --------------------------------------------------------------------------------------------------
+# Shared device helpers
+# --------------------------------------------------------------------------------------------------
+@triton.jit
+def _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts):
+    """Local expert (int32) and validity of routes ``offs``; compares in the ids' own dtype (no overflow)."""
+    in_range = offs < num_routes
+    ids = tl.load(ids_ptr + offs, mask=in_range, other=-1)
+    valid = in_range & (ids >= expert_offset) & (ids < expert_offset + num_experts)
+    local = tl.where(valid, ids - expert_offset, 0).to(tl.int32)
+    return local, valid
+
+
+@triton.jit
+def _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
+                BLOCK_M: tl.constexpr, J_CHUNK: tl.constexpr, FILL: tl.constexpr):
+    """From per-expert ``counts`` (a register vector over ``lane``, zero past E) write route_start,
+    the scatter cursors (= route_start) and the block table.
+
+    Each expert writes its own blocks (a [experts, J_CHUNK] tile per step, so the loop runs
+    ``cdiv(max blocks of one expert, J_CHUNK)`` times: once at decode sizes), then the unused tail of the
+    table is filled with the sentinel expert E.
+    """
+    is_expert = lane < num_experts
+    route_end = tl.cumsum(counts, axis=0)
+    route_begin = route_end - counts
+    blocks = (counts + BLOCK_M - 1) // BLOCK_M
+    block_end = tl.cumsum(blocks, axis=0)
+    block_begin = block_end - blocks
+    # lane E (padding, count 0) holds the total number of valid routes
+    tl.store(route_start_ptr + lane, route_begin, mask=lane <= num_experts)
+    # atomic write: the scatter phase updates the cursors with atomics (at L2), possibly from other threads
+    tl.atomic_xchg(cursor_ptr + lane, route_begin, mask=is_expert, sem="relaxed")
+
+    zero = tl.zeros((1, J_CHUNK), dtype=tl.int32)
+    max_blocks = tl.max(blocks, axis=0)
+    j0 = 0
+    # (while, not range: runtime-bounded range loops break the interpreter on numpy 2.4)
+    while j0 < max_blocks:
+        j = j0 + tl.arange(0, J_CHUNK)
+        j0 += J_CHUNK
+        ok = is_expert[:, None] & (j[None, :] < blocks[:, None])
+        entry = block_info_ptr + (block_begin[:, None] + j[None, :]) * 4
+        tl.store(entry, lane[:, None] + zero, mask=ok)
+        tl.store(entry + 1, route_begin[:, None] + j[None, :] * BLOCK_M, mask=ok)
+        tl.store(entry + 2, route_end[:, None] + zero, mask=ok)
+
+    b0 = tl.sum(blocks, axis=0)
+    while b0 < num_blocks:
+        b = b0 + tl.arange(0, FILL)
+        b0 += FILL
+        ok = b < num_blocks
+        sentinel = tl.zeros((FILL,), dtype=tl.int32)
+        tl.store(block_info_ptr + b * 4, sentinel + num_experts, mask=ok)
+        tl.store(block_info_ptr + b * 4 + 1, sentinel, mask=ok)
+        tl.store(block_info_ptr + b * 4 + 2, sentinel, mask=ok)
+
+
+# --------------------------------------------------------------------------------------------------
+# Kernels
+# --------------------------------------------------------------------------------------------------
+@triton.jit(do_not_specialize=["num_routes", "expert_offset", "num_blocks"])
+def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, counts_ptr, cursor_ptr,
+                              sorted_ptr, route_start_ptr, block_info_ptr, num_blocks,
+                              BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
+                              J_CHUNK: tl.constexpr):
+    """Whole preparation in one program. ``tl.debug_barrier`` (bar.sync) orders the phases' global
+    memory traffic inside the CTA; counts and cursors are only ever written and read with atomics
+    (performed at L2), so no thread can see a stale L1 line."""
+    lane = tl.arange(0, E_PAD)
+    tl.atomic_xchg(counts_ptr + lane, tl.zeros([E_PAD], tl.int32), mask=lane < num_experts, sem="relaxed")
+    tl.debug_barrier()
+    start = 0
+    while start < num_routes:
+        offs = start + tl.arange(0, CHUNK)
+        start += CHUNK
+        local, valid = _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts)
+        tl.atomic_add(counts_ptr + local, 1, mask=valid, sem="relaxed")
+    tl.debug_barrier()
+    counts = tl.atomic_add(counts_ptr + lane, 0, mask=lane < num_experts, sem="relaxed")
+    counts = tl.where(lane < num_experts, counts, 0)
+    _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
+                BLOCK_M, J_CHUNK, CHUNK)
+    tl.debug_barrier()
+    start = 0
+    while start < num_routes:
+        offs = start + tl.arange(0, CHUNK)
+        start += CHUNK
+        local, valid = _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts)
+        pos = tl.atomic_add(cursor_ptr + local, 1, mask=valid, sem="relaxed")
+        tl.store(sorted_ptr + pos, offs, mask=valid)
+
+
+@triton.jit(do_not_specialize=["num_routes", "expert_offset"])
+def _route_count_kernel(ids_ptr, num_routes, expert_offset, num_experts, counts_ptr, CHUNK: tl.constexpr):
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    local, valid = _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts)
+    tl.atomic_add(counts_ptr + local, 1, mask=valid, sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def _route_scan_kernel(counts_ptr, num_experts, cursor_ptr, route_start_ptr, block_info_ptr, num_blocks,
+                       BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, J_CHUNK: tl.constexpr,
+                       CHUNK: tl.constexpr):
+    lane = tl.arange(0, E_PAD)
+    counts = tl.load(counts_ptr + lane, mask=lane < num_experts, other=0)
+    _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
+                BLOCK_M, J_CHUNK, CHUNK)
+
+
+@triton.jit(do_not_specialize=["num_routes", "expert_offset"])
+def _route_scatter_kernel(ids_ptr, num_routes, expert_offset, num_experts, cursor_ptr, sorted_ptr,
+                          CHUNK: tl.constexpr):
+    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    local, valid = _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts)
+    pos = tl.atomic_add(cursor_ptr + local, 1, mask=valid, sem="relaxed")
+    tl.store(sorted_ptr + pos, offs, mask=valid)
+
+
+# --------------------------------------------------------------------------------------------------
+# Host entry point
+# --------------------------------------------------------------------------------------------------
+def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int, block_m: int) -> RoutePlan:
+    """Group the routes of ``topk_ids [T, k]`` (int32/int64, contiguous, ``T * k >= 1``) by local expert.
+
+    Launches 1 kernel when ``T * k <= SMALL_ROUTES``, else a memset and 3 kernels; never synchronizes.
+    """
+    num_routes = topk_ids.numel()
+    num_blocks = num_row_blocks(num_routes, num_experts, block_m)
+    e = num_experts
+    # One int32 workspace; every part starts at a multiple of 4 elements (16 bytes) so that pointer
+    # alignment, which Triton specializes on, never depends on the token count.
+    sizes = {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "cursor": e, "route_start": e + 1}
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = total
+        total += -(-size // 4) * 4
+    ws = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
+    part = {name: ws[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
+    counts, cursor, route_start = part["counts"], part["cursor"], part["route_start"]
+    sorted_routes, block_info = part["sorted"], part["block_info"].view(num_blocks, 4)
+    e_pad = triton.next_power_of_2(e + 1)
+    j_chunk = max(2, min(16, _BLOCK_TILE // e_pad))
+    if num_routes <= SMALL_ROUTES:
+        _route_prep_single_kernel[(1,)](
+            topk_ids, num_routes, expert_offset, e, counts, cursor, sorted_routes, route_start, block_info,
+            num_blocks, BLOCK_M=block_m, E_PAD=e_pad, CHUNK=_CHUNK, J_CHUNK=j_chunk,
+            num_warps=_PREP_WARPS,
+        )
+    else:
+        counts.zero_()
+        grid = (triton.cdiv(num_routes, _CHUNK),)
+        _route_count_kernel[grid](topk_ids, num_routes, expert_offset, e, counts, CHUNK=_CHUNK,
+                                  num_warps=_PREP_WARPS)
+        _route_scan_kernel[(1,)](counts, e, cursor, route_start, block_info, num_blocks, BLOCK_M=block_m,
+                                 E_PAD=e_pad, J_CHUNK=j_chunk, CHUNK=_CHUNK, num_warps=_PREP_WARPS)
+        _route_scatter_kernel[grid](topk_ids, num_routes, expert_offset, e, cursor, sorted_routes,
+                                    CHUNK=_CHUNK, num_warps=_PREP_WARPS)
+    return RoutePlan(sorted_routes, route_start, block_info, num_blocks, block_m)
