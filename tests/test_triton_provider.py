@@ -259,6 +259,8 @@ def _check_plan(ids: torch.Tensor, experts: int, offset: int, block_m: int) -> N
     counts = torch.bincount(local[valid], minlength=experts)
     start = plan.route_start.cpu().long()
     assert start.tolist() == [0] + torch.cumsum(counts, 0).tolist()
+    blocks = (counts + block_m - 1) // block_m
+    assert plan.block_start.cpu().tolist() == [0] + torch.cumsum(blocks, 0).tolist()
     sorted_routes = plan.sorted_routes.cpu().long()
     for e in range(experts):
         got = sorted(sorted_routes[start[e]:start[e + 1]].tolist())

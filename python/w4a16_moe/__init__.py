@@ -10,7 +10,7 @@ Public API::
 
 from ._version import __version__
 from .activations import ACTIVATIONS, get_activation
-from .api import fused_moe, fused_moe_masked, quantize_experts
+from .api import fused_moe, fused_moe_masked, quantize_experts, warmup
 from .formats import SCHEMES, MoEWeights, QuantizedMatrix, get_scheme, scheme_names
 from .providers import ProviderUnavailable
 from .reference import reference_moe, reference_moe_masked
@@ -30,4 +30,5 @@ __all__ = [
     "reference_moe",
     "reference_moe_masked",
     "scheme_names",
+    "warmup",
 ]

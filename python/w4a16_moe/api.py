@@ -12,7 +12,7 @@ from .formats.quantize import quantize_matrix
 from .formats.schemes import Scheme, get_scheme
 from .formats.weights import MoEWeights
 
-__all__ = ["quantize_experts", "fused_moe", "fused_moe_masked"]
+__all__ = ["quantize_experts", "fused_moe", "fused_moe_masked", "warmup"]
 
 
 def quantize_experts(
@@ -132,3 +132,49 @@ def fused_moe_masked(
     return torch.ops.w4a16_moe.fused_moe_masked(
         x, *ops.weight_args(weights), masked_m, weights.scheme.name, activation, backend
     )
+
+
+def _warmup_token_counts(num_experts: int, top_k: int, max_tokens: int) -> list[int]:
+    """Token counts that reach every tile bucket of both GPU providers up to ``max_tokens``.
+
+    Buckets are chosen from the routes per expert ``r = cdiv(T*k, min(E, T*k))``, which grows with T; the
+    bucket edges are r = 8, 16, 32, 64, 128, and Triton's route preparation switches path at T*k = 4096.
+    """
+    ts = {1, max_tokens, 4096 // top_k, 4096 // top_k + 1}
+    for edge in (8, 16, 32, 64, 128):
+        ts.add(-(-(edge * num_experts + 1) // top_k))
+    return sorted(t for t in ts if 1 <= t <= max_tokens)
+
+
+def warmup(
+    weights: MoEWeights, *, dtype: torch.dtype = torch.bfloat16, activation: str = "swiglu", top_k: int = 8,
+    max_tokens: int = 8192, finalize: tuple = ("deterministic", "fused"), expert_offset: int = 0,
+    backend: str = "auto",
+) -> list[int]:
+    """Compile / load every kernel and pack ``weights`` for calls of 1..``max_tokens`` tokens.
+
+    Call it before capturing ``fused_moe`` in a CUDA graph: a first use inside capture (kernel module
+    load, weight packing) raises instead of corrupting the capture. Runs real calls on synthetic inputs
+    for token counts that reach every tile configuration; returns those token counts.
+    """
+    if not isinstance(weights, MoEWeights):
+        raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
+    if isinstance(finalize, str):
+        finalize = (finalize,)
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
+    if not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
+    dev = weights.device
+    e = weights.num_experts
+    tokens = _warmup_token_counts(e, top_k, max_tokens)
+    for t in tokens:
+        x = torch.zeros(t, weights.hidden_size, dtype=dtype, device=dev)
+        ids = (torch.arange(t * top_k, device=dev, dtype=torch.int32).view(t, top_k) % e) + expert_offset
+        tw = torch.full((t, top_k), 1.0 / top_k, dtype=torch.float32, device=dev)
+        for fin in finalize:
+            fused_moe(x, weights, tw, ids, activation=activation, finalize=fin, expert_offset=expert_offset,
+                      backend=backend)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return tokens

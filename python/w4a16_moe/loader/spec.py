@@ -244,6 +244,15 @@ _SOURCE_HASHES: dict = {}
 #: Families known without any import; other kernel modules call :func:`register_family` themselves.
 _BUILTIN_FAMILIES = {
     "selftest_axpy": ("w4a16_moe.loader.selftest_kernel:compile_selftest_axpy", ()),
+    # the SM90 W4A16 grouped GEMM (kernels/cute/sm90_family.py); every module that shapes its code is hashed
+    "sm90_w4a16_gemm": (
+        "w4a16_moe.kernels.cute.sm90_family:_compile",
+        (
+            "w4a16_moe.kernels.cute.sm90_grouped_gemm",
+            "w4a16_moe.kernels.cute.sm90_ptx",
+            "w4a16_moe.kernels.cute.sm90_family",
+        ),
+    ),
 }
 
 

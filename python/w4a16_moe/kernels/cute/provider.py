@@ -1,21 +1,226 @@
 """The CuTe DSL provider: which calls its kernels cover, and how a call is launched.
 
-The SM90 kernel family is being built (see the CuTe issue); until its kernels are available through
-the loader, every call reports the reason below and ``auto`` selects Triton.
+One ``fused_moe`` call on SM90 runs (no host synchronization; capturable in a CUDA graph):
+
+1. route preparation (the Triton route-prep kernel: sorted routes, ``route_start``, ``block_start``);
+2. the gate/up grouped GEMM (:mod:`.sm90_grouped_gemm`, mode ``gate_up``): ``h[slot] = act(W13_e x[t])``;
+3. the down grouped GEMM: ``y[route] = W2_e h[slot]`` (deterministic) or ``out32[t] += w * y`` (fused,
+   FP32 atomics);
+4. deterministic: the fixed top-k-order FP32 finalize (the Triton provider's kernel, shared so both
+   providers combine identically); fused: one cast of ``out32``.
+
+Weights are permuted once per (tile shape, dtype) into the fragment-ready layout (:mod:`.sm90_pack`)
+and cached beside the canonical tensors. Kernels come from the loader (prebuilt, JIT cache, JIT).
+The first use of a kernel (module load, weight packing) must not happen inside CUDA-graph capture:
+call :func:`w4a16_moe.warmup` before capturing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Optional
 
-from ...device import DeviceInfo
+import torch
 
-__all__ = ["unavailable_reason"]
+from ...device import DeviceInfo
+from . import sm90_family as fam
+
+__all__ = ["unavailable_reason", "cute_fused_moe", "cute_expert_routes", "cute_warmup"]
+
+_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _kernels_available(arch: str) -> Optional[str]:
+    """None when kernels can be had (prebuilt manifest for arch, or the CuTe DSL for JIT), else why not."""
+    from ...loader import jit_cache, prebuilt
+
+    if prebuilt.summary().get("per_arch", {}).get(arch):
+        return None
+    if jit_cache.jit_disabled():
+        return "no prebuilt kernels for this arch and JIT is disabled (W4A16_MOE_DISABLE_JIT=1)"
+    if importlib.util.find_spec("cutlass") is None:
+        return "no prebuilt kernels for this arch and the CuTe DSL (nvidia-cutlass-dsl) is not installed for JIT"
+    return None
 
 
 def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
+    """Why the SM90 CuTe kernels cannot run ``call`` on ``info`` (None when they can)."""
+    from ...formats.schemes import get_scheme
+    from ...validate import MaskedCall
+
     if not info.is_cuda:
         return f"device {info.type} is not a CUDA GPU"
     if info.capability[0] != 9:
-        return f"no CuTe kernel family for {info.arch} (SM90 only)"
-    return "no CuTe kernels are built into this version"
+        return f"no CuTe kernel family for {info.arch} (the SM90 family needs compute capability 9.x)"
+    if isinstance(call, MaskedCall):
+        return "the masked (DeepEP low-latency) layout is not implemented by the CuTe kernels yet"
+    sch = get_scheme(call.scheme)
+    if sch.kind != "int4":
+        return f"scheme {sch.name}: FP4 decoding is not implemented by the CuTe kernels yet"
+    if call.dtype not in _DTYPES:
+        return f"dtype {call.dtype} is not bfloat16 or float16"
+    h, i = call.hidden, call.intermediate
+    rows13 = 2 * i if call.activation.gated else i
+    for name, n, k in (("w13", rows13, h), ("w2", h, i)):
+        if n % 256:
+            return f"{name}: output size {n} is not a multiple of 256 (scheme {sch.name}, provider cute)"
+        if k % 128:
+            return f"{name}: reduction size {k} is not a multiple of 128 (scheme {sch.name}, provider cute)"
+    if call.activation.gated and i % 128:
+        return f"w13: intermediate size {i} is not a multiple of 128 (gated, provider cute)"
+    tiles = fam.select_tiles(call.tokens * call.top_k, call.experts)
+    if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.MAX_GRID_Y:
+        return f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
+    return _kernels_available(info.arch)
+
+
+def _max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
+    return -(-num_routes // tn) + min(num_experts, num_routes)
+
+
+def _packed(weights, which: str, cfg, dtype: torch.dtype):
+    from .sm90_pack import pack_sm90
+
+    qm = weights.w13 if which == "w13" else weights.w2
+    interleave = which == "w13" and weights.gated
+    key = f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
+    return weights.packed_for(key, lambda w: pack_sm90(qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile,
+                                                        compute_dtype=dtype, interleave_gate_up=interleave))
+
+
+def _kernel(cfg):
+    from ...loader import get_kernel
+
+    return get_kernel(fam.spec_for(cfg), "sm_90a")
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def _launch(cfg, packed, act, out, plan, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles, splits,
+            kernel=None):
+    dev = act.device
+    if splits > 1:
+        cols = 64 * cfg.m64_per_block
+        tiles = (n // cols) * max_tiles
+        ws = torch.empty(tiles * splits * cfg.tokens_per_tile * cols, dtype=torch.float32, device=dev)
+        counters = torch.zeros(tiles, dtype=torch.int32, device=dev)
+    else:
+        ws = counters = plan.route_start  # never read when num_splits == 1
+    (kernel or _kernel(cfg))(
+        packed.data.data_ptr(), act.data_ptr(), out.data_ptr(), plan.sorted_routes.data_ptr(),
+        plan.route_start.data_ptr(), plan.block_start.data_ptr(), topk_weights.data_ptr(), ws.data_ptr(),
+        counters.data_ptr(), num_experts, n, k, num_routes, top_k, max_tiles, splits, _stream(),
+    )
+
+
+def _check_capture(weights, cfgs, dtype) -> None:
+    """Refuse a first use (kernel module load or weight packing) inside CUDA-graph capture."""
+    if not torch.cuda.is_current_stream_capturing():
+        return
+    from ...formats.weights import layout_cache
+    from ...loader import _KERNELS
+
+    cold = [c.name() for c in cfgs if not getattr(_KERNELS.get((fam.spec_for(c), "sm_90a")), "loaded", False)]
+    layouts = layout_cache(weights.w13.codes)
+    unpacked = [w for c, w in zip(cfgs, ("w13", "w2"))
+                if f"cute-sm90:{w}:x{c.m64_per_block}:k{c.k_tile}:{dtype}" not in layouts]
+    if cold or unpacked:
+        raise RuntimeError(
+            "fused_moe (provider cute): first use inside CUDA-graph capture (kernels not loaded yet: "
+            f"{cold or 'none'}; weights not packed yet: {unpacked or 'none'}); call "
+            "w4a16_moe.warmup(weights, ...) for the token counts you will capture before capturing"
+        )
+
+
+def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: str, finalize: str):
+    """Route prep + gate/up GEMM: ``(h [T*k, I], plan, down config, packed w2, max_tiles)``."""
+    from ..triton.routing import prepare_routes
+
+    tokens, top_k = ids.shape
+    dt = _DTYPES[x.dtype]
+    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    r = tokens * top_k
+    tiles = fam.select_tiles(r, e)
+    up, down = fam.gemm_configs(weights.scheme, dt, activation, weights.gated, finalize, tiles)
+    _check_capture(weights, (up, down), x.dtype)
+    p13 = _packed(weights, "w13", up, x.dtype)
+    p2 = _packed(weights, "w2", down, x.dtype)
+    plan = prepare_routes(ids, e, expert_offset, up.tokens_per_tile)
+    max_tiles = _max_tiles(r, e, up.tokens_per_tile)
+    n13 = weights.w13.n
+    hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
+    _launch(up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, fam.num_splits(n13, h, up, r, e))
+    return hbuf, plan, down, p2, max_tiles
+
+
+def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
+    """Run one validated ``fused_moe`` call (see the module docstring) into ``out``."""
+    from ..triton.finalize import launch_finalize
+
+    tokens, top_k = topk_ids.shape
+    if tokens == 0:
+        return
+    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    r = tokens * top_k
+    ids = topk_ids.contiguous()
+    tw = topk_weights.contiguous()
+    hbuf, plan, down, p2, max_tiles = _gate_up(x, weights, ids, tw, expert_offset=call.expert_offset,
+                                               activation=call.activation.name, finalize=call.finalize)
+    splits = fam.num_splits(h, i, down, r, e)
+    if call.finalize == "deterministic":
+        y = torch.empty(r, h, dtype=x.dtype, device=x.device)
+        _launch(down, p2, hbuf, y, plan, tw, e, h, i, r, top_k, max_tiles, splits)
+        launch_finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
+    else:
+        acc = torch.zeros(tokens, h, dtype=torch.float32, device=x.device)
+        _launch(down, p2, hbuf, acc, plan, tw, e, h, i, r, top_k, max_tiles, splits)
+        out.copy_(acc)
+
+
+def cute_expert_routes(x, weights, local_ids, *, activation: str):
+    """Per-route expert outputs ``(y [T, k, H] in x's dtype, valid [T, k])`` (local ids, -1 = none):
+    the first half of the deterministic path, bit-identical to what :func:`cute_fused_moe` computes for
+    the same shapes; entries of invalid routes are unspecified."""
+    tokens, top_k = local_ids.shape
+    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    valid = (local_ids >= 0) & (local_ids < e)
+    y = torch.empty(tokens, top_k, h, dtype=x.dtype, device=x.device)
+    if tokens == 0:
+        return y, valid
+    r = tokens * top_k
+    ids = local_ids.contiguous()
+    dummy_w = torch.empty(r, dtype=torch.float32, device=x.device)  # read only by the atomic epilogue
+    hbuf, plan, down, p2, max_tiles = _gate_up(x.contiguous(), weights, ids, dummy_w, expert_offset=0,
+                                               activation=activation, finalize="deterministic")
+    _launch(down, p2, hbuf, y.view(r, h), plan, dummy_w, e, h, i, r, top_k, max_tiles,
+            fam.num_splits(h, i, down, r, e))
+    return y, valid
+
+
+def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, top_k: int,
+                finalizes=("deterministic", "fused")) -> list:
+    """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select.
+
+    The routes per expert ``r`` grow monotonically with the token count, so the buckets in use are the
+    contiguous range of :data:`sm90_family.TILES` between those of 1 and ``max_tokens`` tokens.
+    """
+    from ...activations import get_activation
+
+    dt = _DTYPES[dtype]
+    act = get_activation(activation)
+    e = weights.num_experts
+    buckets = [t for _, t in fam.TILES]
+    lo = buckets.index(fam.select_tiles(top_k, e))
+    hi = buckets.index(fam.select_tiles(max_tokens * top_k, e))
+    names = []
+    for tiles in buckets[lo : hi + 1]:
+        for fin in finalizes:
+            up, down = fam.gemm_configs(weights.scheme, dt, act.name, weights.gated, fin, tiles)
+            _packed(weights, "w13", up, dtype)
+            _packed(weights, "w2", down, dtype)
+            for cfg in (up, down):
+                _kernel(cfg).ensure_loaded()
+                names.append(cfg.name())
+    return names

@@ -11,6 +11,8 @@ Outputs (a :class:`RoutePlan`, all int32):
                         the routes of expert ``e`` (in no particular order inside an expert). Positions at or
                         past ``route_start[E]`` (the number of valid routes) are not written.
 ``route_start [E+1]``   exclusive prefix sum of the per-expert route counts.
+``block_start [E+1]``   exclusive prefix sum of ``cdiv(count_e, BLOCK_M)``: the first row-block of each expert
+                        (entry E = the number of row-blocks in use); the CuTe kernels binary-search it.
 ``block_info [B, 4]``   one row per GEMM row-block ``b < B`` (``B = num_blocks``, a host-side upper bound):
                         ``(expert, row_begin, row_end, unused)``. Block ``b`` covers sorted positions
                         ``row_begin .. min(row_begin + BLOCK_M, row_end) - 1``; blocks of expert ``e`` are
@@ -51,6 +53,7 @@ class RoutePlan:
 
     sorted_routes: torch.Tensor
     route_start: torch.Tensor
+    block_start: torch.Tensor
     block_info: torch.Tensor
     num_blocks: int
     block_m: int
@@ -79,7 +82,7 @@ def _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts):
 
 
 @triton.jit
-def _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
+def _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
                 BLOCK_M: tl.constexpr, J_CHUNK: tl.constexpr, FILL: tl.constexpr):
     """From per-expert ``counts`` (a register vector over ``lane``, zero past E) write route_start,
     the scatter cursors (= route_start) and the block table.
@@ -96,6 +99,7 @@ def _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_in
     block_begin = block_end - blocks
     # lane E (padding, count 0) holds the total number of valid routes
     tl.store(route_start_ptr + lane, route_begin, mask=lane <= num_experts)
+    tl.store(block_start_ptr + lane, block_begin, mask=lane <= num_experts)
     # atomic write: the scatter phase updates the cursors with atomics (at L2), possibly from other threads
     tl.atomic_xchg(cursor_ptr + lane, route_begin, mask=is_expert, sem="relaxed")
 
@@ -128,7 +132,7 @@ def _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_in
 # --------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["num_routes", "expert_offset", "num_blocks"])
 def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, counts_ptr, cursor_ptr,
-                              sorted_ptr, route_start_ptr, block_info_ptr, num_blocks,
+                              sorted_ptr, route_start_ptr, block_start_ptr, block_info_ptr, num_blocks,
                               BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                               J_CHUNK: tl.constexpr):
     """Whole preparation in one program. ``tl.debug_barrier`` (bar.sync) orders the phases' global
@@ -146,8 +150,8 @@ def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, c
     tl.debug_barrier()
     counts = tl.atomic_add(counts_ptr + lane, 0, mask=lane < num_experts, sem="relaxed")
     counts = tl.where(lane < num_experts, counts, 0)
-    _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
-                BLOCK_M, J_CHUNK, CHUNK)
+    _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, cursor_ptr, block_info_ptr,
+                num_blocks, BLOCK_M, J_CHUNK, CHUNK)
     tl.debug_barrier()
     start = 0
     while start < num_routes:
@@ -166,13 +170,14 @@ def _route_count_kernel(ids_ptr, num_routes, expert_offset, num_experts, counts_
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
-def _route_scan_kernel(counts_ptr, num_experts, cursor_ptr, route_start_ptr, block_info_ptr, num_blocks,
+def _route_scan_kernel(counts_ptr, num_experts, cursor_ptr, route_start_ptr, block_start_ptr, block_info_ptr,
+                       num_blocks,
                        BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, J_CHUNK: tl.constexpr,
                        CHUNK: tl.constexpr):
     lane = tl.arange(0, E_PAD)
     counts = tl.load(counts_ptr + lane, mask=lane < num_experts, other=0)
-    _write_plan(counts, lane, num_experts, route_start_ptr, cursor_ptr, block_info_ptr, num_blocks,
-                BLOCK_M, J_CHUNK, CHUNK)
+    _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, cursor_ptr, block_info_ptr,
+                num_blocks, BLOCK_M, J_CHUNK, CHUNK)
 
 
 @triton.jit(do_not_specialize=["num_routes", "expert_offset"])
@@ -197,20 +202,21 @@ def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int,
     e = num_experts
     # One int32 workspace; every part starts at a multiple of 4 elements (16 bytes) so that pointer
     # alignment, which Triton specializes on, never depends on the token count.
-    sizes = {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "cursor": e, "route_start": e + 1}
+    sizes = {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "cursor": e, "route_start": e + 1,
+             "block_start": e + 1}
     offsets, total = {}, 0
     for name, size in sizes.items():
         offsets[name] = total
         total += -(-size // 4) * 4
     ws = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
     part = {name: ws[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
-    counts, cursor, route_start = part["counts"], part["cursor"], part["route_start"]
+    counts, cursor, route_start, block_start = part["counts"], part["cursor"], part["route_start"], part["block_start"]
     sorted_routes, block_info = part["sorted"], part["block_info"].view(num_blocks, 4)
     e_pad = triton.next_power_of_2(e + 1)
     j_chunk = max(2, min(16, _BLOCK_TILE // e_pad))
     if num_routes <= SMALL_ROUTES:
         _route_prep_single_kernel[(1,)](
-            topk_ids, num_routes, expert_offset, e, counts, cursor, sorted_routes, route_start, block_info,
+            topk_ids, num_routes, expert_offset, e, counts, cursor, sorted_routes, route_start, block_start, block_info,
             num_blocks, BLOCK_M=block_m, E_PAD=e_pad, CHUNK=_CHUNK, J_CHUNK=j_chunk,
             num_warps=_PREP_WARPS,
         )
@@ -219,8 +225,8 @@ def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int,
         grid = (triton.cdiv(num_routes, _CHUNK),)
         _route_count_kernel[grid](topk_ids, num_routes, expert_offset, e, counts, CHUNK=_CHUNK,
                                   num_warps=_PREP_WARPS)
-        _route_scan_kernel[(1,)](counts, e, cursor, route_start, block_info, num_blocks, BLOCK_M=block_m,
+        _route_scan_kernel[(1,)](counts, e, cursor, route_start, block_start, block_info, num_blocks, BLOCK_M=block_m,
                                  E_PAD=e_pad, J_CHUNK=j_chunk, CHUNK=_CHUNK, num_warps=_PREP_WARPS)
         _route_scatter_kernel[grid](topk_ids, num_routes, expert_offset, e, cursor, sorted_routes,
                                     CHUNK=_CHUNK, num_warps=_PREP_WARPS)
-    return RoutePlan(sorted_routes, route_start, block_info, num_blocks, block_m)
+    return RoutePlan(sorted_routes, route_start, block_start, block_info, num_blocks, block_m)

@@ -1,0 +1,127 @@
+"""The SM90 kernel family as the loader sees it: specs, the variant set, and tile selection.
+
+Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``sm90_w4a16_gemm`` whose
+params are all fields of :class:`Sm90GemmConfig`, so the spec name encodes every codegen parameter;
+the same specs feed JIT (on first use) and AOT (:func:`variants` enumerates them).
+
+Tile selection (:func:`select_tiles`) uses only host-known sizes (``T * k``, ``E``, ``N``, ``K``), so a
+call never synchronizes, and one compiled kernel per bucket serves every token count:
+
+=====================  ====  ==  ===  ======  ====  ===========  =================================
+routes per expert r    TN    X   BK   stages  WGs   schedule     note
+=====================  ====  ==  ===  ======  ====  ===========  =================================
+r <= 8                 8     2   64   4       1     overlap, o4  decode: weight-bandwidth bound
+r <= 16                16    2   64   4       1     overlap, o3
+r <= 32                32    2   128  4       1     serial
+r <= 64                64    2   128  4       1     overlap
+r > 64                 128   4   64   3       2     overlap      prefill: two consumer warpgroups
+=====================  ====  ==  ===  ======  ====  ===========  =================================
+
+``r = cdiv(T * k, min(E, T * k))`` (an upper bound under expert parallelism, where most routes belong
+to other ranks). The table comes from the first H200 sweep of the kernel bundle (``docs/perf/``); split-K
+(``num_splits``, a runtime argument) is used when the grid would not fill the GPU twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Optional
+
+from ...loader.spec import KernelSpec
+
+__all__ = ["FAMILY", "TILES", "spec_for", "config_from_spec", "select_tiles", "variants", "kernel_config"]
+
+FAMILY = "sm90_w4a16_gemm"
+SM_COUNT = 132  # H100 / H200 SXM; split-K targets two waves of CTAs
+MAX_GRID_Y = 65535
+
+# bucket upper bound of routes per expert -> tile parameters of Sm90GemmConfig
+TILES = (
+    (8, dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4)),
+    (16, dict(tokens_per_tile=16, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=3)),
+    (32, dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")),
+    (64, dict(tokens_per_tile=64, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1)),
+    (None, dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2)),
+)
+
+def _compile(spec: KernelSpec, arch: str):
+    """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
+    from .sm90_grouped_gemm import Sm90W4A16GroupedGemm
+
+    return Sm90W4A16GroupedGemm(config_from_spec(spec)).compile(arch)
+
+
+def kernel_config(**fields):
+    from .sm90_grouped_gemm import Sm90GemmConfig
+
+    return Sm90GemmConfig(**fields)
+
+
+def spec_for(cfg) -> KernelSpec:
+    return KernelSpec(FAMILY, dataclasses.asdict(cfg))
+
+
+def config_from_spec(spec: KernelSpec):
+    if spec.family != FAMILY:
+        raise ValueError(f"spec family {spec.family!r} is not {FAMILY!r}")
+    return kernel_config(**dict(spec.params))
+
+
+def _bucket(rows_per_expert: int) -> dict:
+    for bound, tiles in TILES:
+        if bound is None or rows_per_expert <= bound:
+            return tiles
+    raise AssertionError  # pragma: no cover
+
+
+def select_tiles(num_routes: int, num_experts: int) -> dict:
+    """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts."""
+    r = -(-num_routes // max(1, min(num_experts, num_routes)))
+    return dict(_bucket(r))
+
+
+def group_param(scheme) -> int:
+    """``Sm90GemmConfig.group`` of a scheme: its group size, 0 for per-channel scales."""
+    return 0 if scheme.group_size is None else scheme.group_size
+
+
+def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
+    """(gate_up, down) :class:`Sm90GemmConfig` of one call."""
+    common = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
+    up = kernel_config(mode="gate_up", activation=activation, **common)
+    down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **common)
+    return up, down
+
+
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
+    """Split-K factor: enough CTAs for two waves when the (row block x token tile) grid is small."""
+    tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
+    ctas = (n // (64 * cfg.m64_per_block)) * tiles
+    k_tiles = k // cfg.k_tile
+    if ctas >= SM_COUNT:
+        return 1
+    return max(1, min(8, k_tiles, (2 * SM_COUNT) // ctas))
+
+
+def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
+             activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
+             tiles: Optional[Iterable[dict]] = None) -> list:
+    """Every spec the provider can select for the given schemes (default: all it supports)."""
+    from ...formats.schemes import SCHEMES
+
+    if schemes is None:
+        schemes = [s for s in SCHEMES.values() if s.kind == "int4"]
+    tiles = list(tiles) if tiles is not None else [t for _, t in TILES]
+    out, seen = [], set()
+    for sch in schemes:
+        for dt in dtypes:
+            for t in tiles:
+                for act in activations:
+                    for fin in finalizes:
+                        gated = act in ("swiglu", "geglu")
+                        for cfg in gemm_configs(sch, dt, act, gated, fin, t):
+                            spec = spec_for(cfg)
+                            if spec not in seen:
+                                seen.add(spec)
+                                out.append(spec)
+    return out

@@ -1,0 +1,671 @@
+"""Hopper (sm_90a) CuTe DSL grouped GEMM of the fused W4A16 MoE.
+
+Swap-AB formulation: ``D^T[N, M] = W[N, K] . X^T[K, M]``. Weight rows are the WGMMA ``M`` dimension
+(``m64`` blocks, register operand A, INT4 dequantized in registers), routed tokens the WGMMA ``N``
+dimension (``TN`` tokens per tile, shared-memory operand B: gathered rows of x or h, 128-byte
+swizzled, K-major). FP32 accumulation. Weights come pre-permuted by
+:func:`.sm90_pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
+``64*X`` rows, K tile of ``BK``)).
+
+CTA = ``128 * (1 + consumer_wgs)`` threads:
+
+* warpgroup 0, producer: thread 0 streams the weight chunk of each stage with one 1-D
+  ``cp.async.bulk`` (``mbarrier::complete_tx``, L2 evict-first); all 128 threads gather the
+  ``TN x BK`` activation tile with 16-byte ``cp.async`` straight into the swizzled layout WGMMA reads
+  (TMA cannot gather on SM90) and signal the same full barrier with
+  ``cp.async.mbarrier.arrive.noinc``. A ``stages``-deep ring of full/empty mbarriers.
+* warpgroups 1.., consumers: each owns ``X / consumer_wgs`` m64 blocks. Per K tile: wait full ->
+  ``fence.proxy.async`` (cp.async writes are generic-proxy, WGMMA reads async-proxy) -> one 16-byte
+  ``ld.shared`` of codes per (m64 block, k64) and one 4/8/16-byte load of scales -> per k16 block:
+  LOP3 magic-exponent decode, packed add of ``-(magic + 8)`` (or of the stored ``-(magic + zero)``),
+  packed scale multiply -> ``wgmma.mma_async`` RS, one commit group per k16 block.
+  ``schedule="overlap"``: the fragment slot of k16 block ``b`` is rewritten only after
+  ``wait_group(KB - 1)`` retired the previous tile's block ``b``, so decoding overlaps the WGMMAs
+  in flight (up to 7 groups); a stage is released once all its WGMMAs retired. ``schedule="serial"``: decode the
+  whole tile, issue its WGMMAs, ``wait_group(0)``, release (simple reference schedule).
+* epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
+  B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
+  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``.
+
+Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile to ``ws``,
+then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
+``0..S-1`` (deterministic: independent of arrival order) and runs the epilogue; it resets the
+counter to 0 for the next launch (``counters`` must be zeroed once at allocation).
+``ws`` holds ``grid_x * max_tiles * S * TN * 64X`` FP32; ``counters`` ``grid_x * max_tiles`` int32.
+
+Routing contract (from the routing step): ``sorted_routes`` int32 ``[R]`` route ids
+``token * top_k + j`` grouped by local expert; ``route_start`` int32 ``[E+1]``; ``block_start``
+int32 ``[E+1]`` = exclusive cumsum of ``cdiv(count_e, TN)``. Grid = ``(N / (64*X), max_tiles,
+num_splits)``; CTA ``(nb, tile, s)`` finds its expert (``block_start[e] <= tile < block_start[e+1]``,
+searched in parallel by the CTA's threads); CTAs with ``tile >= block_start[E]`` exit at once.
+``max_tiles >= cdiv(R, TN) + min(E, R)`` always suffices (``R <= T * top_k``: no host sync).
+
+Modes (static):
+
+* ``gate_up``: B rows ``x[sorted_routes[slot] // top_k]``. Gated activations (swiglu, geglu) use an
+  interleaved w13 pack (row block ``nb`` = gate rows ``[nb*32X, (nb+1)*32X)`` then the matching up
+  rows); ``h[slot, :]`` (x's dtype, ``[R, I]``) = act(gate) * up. Non-gated (relu2, silu): act(h).
+* ``down``: B rows ``h[slot]``. Epilogue ``y``: ``y[sorted_routes[slot], :]`` in x's dtype (a
+  deterministic finalize pass reads it); ``atomic_f32``: ``out[token, :] += topk_weight * y`` with
+  ``red.global.add.v4.f32`` into an FP32 ``out`` (fused finalize, order-nondeterministic).
+
+Every size is a runtime ``Int32``: one compiled kernel serves every token count and every ``E/N/K``
+with ``N % (64*X) == 0`` (``(N/2) % (32*X) == 0`` for gated gate_up) and ``K % BK == 0``.
+
+Tuning knobs (static): ``m64_per_block`` x ``consumer_wgs`` (weight rows per CTA and how they split
+over consumer warpgroups), ``tokens_per_tile``, ``k_tile``, ``stages``, ``min_ctas_per_sm`` (caps
+registers so that several small CTAs share an SM: latency hiding for decode-sized batches).
+Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from . import sm90_ptx as ptx
+
+__all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
+
+
+def check_setmaxnreg(cfg: "Sm90GemmConfig", entry_regs: int) -> None:
+    """``setmaxnreg.inc`` blocks until the CTA's pool holds the registers asked for, and the pool only
+    holds what the kernel was launched with: a kernel whose entry register count (from the cubin)
+    is below what the budgets need would hang. Call after compiling a ``setmaxnreg`` kernel."""
+    if cfg.setmaxnreg:
+        need = cfg.producer_regs * 128 + cfg.consumer_regs * 128 * cfg.consumer_wgs
+        have = entry_regs * 128 * (1 + cfg.consumer_wgs)
+        if need > have:
+            raise RuntimeError(f"{cfg.name()}: setmaxnreg budgets need {need} registers, launch gives {have}")
+
+ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
+_GATED = {"swiglu", "geglu"}
+
+
+@dataclass(frozen=True)
+class Sm90GemmConfig:
+    """Static configuration of one compiled kernel."""
+
+    mode: str = "gate_up"  # "gate_up" | "down"
+    dtype: str = "bf16"  # activation / compute dtype: "bf16" | "fp16"
+    group: int = 32  # scale group along K; 0 = per channel (any group >= k_tile behaves the same)
+    m64_per_block: int = 2  # X: m64 blocks (64 weight rows each) per CTA
+    tokens_per_tile: int = 32  # TN: WGMMA N, multiple of 8 in [8, 256]
+    k_tile: int = 128  # BK: K per pipeline stage, multiple of 64
+    stages: int = 4
+    activation: str = "swiglu"  # gate_up only
+    zero_point: bool = False
+    epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
+    consumer_wgs: int = 1
+    schedule: str = "overlap"  # "overlap" | "serial"
+    evict_first: bool = True  # L2 evict-first hint on the streamed weights
+    min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that many CTAs fit on an SM
+    setmaxnreg: bool = False  # rebalance registers (consumer_wgs == 2 only; see check_setmaxnreg)
+    producer_regs: int = 56
+    consumer_regs: int = 224
+
+    @property
+    def gated(self) -> bool:
+        return self.mode == "gate_up" and self.activation in _GATED
+
+    @property
+    def epi(self) -> str:
+        if self.epilogue != "auto":
+            return self.epilogue
+        return "h" if self.mode == "gate_up" else "y"
+
+    def name(self) -> str:
+        g = "ch" if self.group == 0 else str(self.group)
+        act = ("_" + self.activation) if self.mode == "gate_up" else ""
+        zp = "zp" if self.zero_point else ""
+        sch = ("" if self.schedule == "overlap" else "_ser") + ("_mr" if self.setmaxnreg else "")
+        sch += f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else ""
+        return (
+            f"sm90_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_t{self.tokens_per_tile}"
+            f"_k{self.k_tile}_s{self.stages}_w{self.consumer_wgs}_{self.epi}{act}{sch}"
+        )
+
+
+def _round_up(a: int, b: int) -> int:
+    return (a + b - 1) // b * b
+
+
+class Sm90W4A16GroupedGemm:
+    """One SM90 W4A16 grouped-GEMM kernel (static config in ``__init__``; see the module docstring).
+
+    ``__call__(w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
+    num_experts, n, k, num_routes, top_k, max_tiles, num_splits, stream)``: raw pointers + ``Int32``
+    sizes. ``w`` packed weights (uint8); ``act`` B source (x for gate_up, h for down); ``out`` h / y
+    / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (read by ``atomic_f32`` only); ``ws`` FP32 and
+    ``counters`` int32 split-K scratch (read only when ``num_splits > 1``); ``n`` weight rows of the
+    matrix (2I / I / H); ``k`` the reduction size; ``num_routes`` the route capacity (``T*top_k``).
+    """
+
+    def __init__(self, cfg: Sm90GemmConfig):
+        c = cfg
+        if c.mode not in ("gate_up", "down"):
+            raise ValueError(f"mode {c.mode!r}")
+        if c.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"dtype {c.dtype!r}")
+        if c.k_tile % 64 or c.k_tile <= 0:
+            raise ValueError("k_tile must be a multiple of 64")
+        if c.tokens_per_tile % 8 or not 8 <= c.tokens_per_tile <= 256:
+            raise ValueError("tokens_per_tile must be a multiple of 8 in [8, 256]")
+        if c.consumer_wgs not in (1, 2) or c.m64_per_block % c.consumer_wgs:
+            raise ValueError("consumer_wgs must be 1 or 2 and divide m64_per_block")
+        if c.gated and c.m64_per_block % 2:
+            raise ValueError("gated gate_up needs an even m64_per_block (gate + up halves)")
+        if c.setmaxnreg and (c.consumer_wgs != 2 or c.producer_regs * 128 + c.consumer_regs * 256 > 168 * 384):
+            raise ValueError("setmaxnreg needs consumer_wgs == 2 and budgets within 168 registers x 384 threads")
+        if c.schedule not in ("overlap", "serial"):
+            raise ValueError(f"schedule {c.schedule!r}")
+        epi = c.epi
+        if c.mode == "gate_up" and epi != "h":
+            raise ValueError(f"gate_up epilogue {epi!r}")
+        if c.mode == "down" and epi not in ("y", "atomic_f32"):
+            raise ValueError(f"down epilogue {epi!r}")
+        if c.mode == "gate_up" and c.activation not in ACT_CODES:
+            raise ValueError(f"activation {c.activation!r}")
+        g = c.group
+        if g and not (c.k_tile % g == 0 or g % c.k_tile == 0):
+            raise ValueError("group and k_tile: one must divide the other")
+        self.cfg = c
+        self.is_bf16 = c.dtype == "bf16"
+        self.ab_dtype = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
+        self.X = c.m64_per_block
+        self.ncwg = c.consumer_wgs
+        self.XW = self.X // self.ncwg  # m64 blocks per consumer warpgroup
+        self.TN = c.tokens_per_tile
+        self.BK = c.k_tile
+        self.S = c.stages
+        self.C = self.BK // 64
+        self.KB = self.BK // 16
+        self.gpt = (self.BK // g) if (g and g <= self.BK) else 1
+        self.code_bytes = self.X * self.C * 2048
+        self.scale_bytes = self.X * 32 * self.gpt * 4
+        self.bias_bytes = self.scale_bytes if c.zero_point else 0
+        self.chunk = self.code_bytes + self.scale_bytes + self.bias_bytes
+        self.w_stage = _round_up(self.chunk, 128)
+        self.b_stage = self.TN * self.BK * 2
+        self.threads = 128 * (1 + self.ncwg)
+        self.ncons = 128 * self.ncwg
+        # epilogue: FP32 staging [TN][64X + 4] reusing the B ring
+        self.cols = 64 * self.X  # accumulator columns (weight rows) per CTA
+        self.cols_out = self.cols // 2 if c.gated else self.cols
+        self.rs = self.cols + 4  # padded staging row stride (FP32 elements): conflict-free writes
+        self.epi_bytes = self.TN * self.rs * 4
+        self.b_region = max(self.S * self.b_stage, self.epi_bytes)
+        smem = self.S * self.w_stage + self.b_region + 2048 + 16 * self.S
+        if smem > 227 * 1024:
+            raise ValueError(f"{c.name()}: needs about {smem} bytes of shared memory")
+        self.smem_bytes = smem
+        self.magic = 0x43004300 if self.is_bf16 else 0x64006400
+        self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
+
+    # ------------------------------------------------------------------------------------------
+    def fake_args(self) -> list:
+        """Compile-time stand-ins for ``__call__``'s arguments (null pointers with their alignment,
+        Int32 sizes, a fake stream): one compile serves every size."""
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        def ptr(dt, align=16):
+            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
+
+        out_dt = Float32 if self.cfg.epi == "atomic_f32" else self.ab_dtype
+        return [
+            ptr(cutlass.Uint8), ptr(self.ab_dtype), ptr(out_dt), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
+            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
+        ] + [Int32(1)] * 7 + [make_fake_stream()]
+
+    def compile(self, arch: str = "sm_90a"):
+        """Cross-compile (no GPU needed); export with ``compiled.export_to_c(dir, name, prefix)``."""
+        return cute.compile(self, *self.fake_args(), options=f"--gpu-arch {arch}")
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        w: cute.Pointer,
+        act: cute.Pointer,
+        out: cute.Pointer,
+        sorted_routes: cute.Pointer,
+        route_start: cute.Pointer,
+        block_start: cute.Pointer,
+        topk_weights: cute.Pointer,
+        ws: cute.Pointer,
+        counters: cute.Pointer,
+        num_experts: Int32,
+        n: Int32,
+        k: Int32,
+        num_routes: Int32,
+        top_k: Int32,
+        max_tiles: Int32,
+        num_splits: Int32,
+        stream: cuda.CUstream,
+    ):
+        tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype,
+            self.ab_dtype,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            Float32,
+            (1, 1, 1),
+            (64, self.TN),
+            warpgroup.OperandSource.RMEM,
+        )
+        atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.ab_dtype)
+        b_layout = cute.tile_to_shape(atom, (self.TN, self.BK, self.S), order=(0, 1, 2))
+
+        @cute.struct
+        class Storage:
+            full: cute.struct.MemRange[Int64, self.S]
+            empty: cute.struct.MemRange[Int64, self.S]
+            misc: cute.struct.MemRange[Int32, 4]
+            sW: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.S * self.w_stage], 128]
+            sB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.b_region], 1024]
+
+        self.storage_cls = Storage
+        nb_count = n // (64 * self.X)
+        self.kernel(
+            w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
+            num_experts, n, k, num_routes, top_k, num_splits, tiled_mma, b_layout,
+        ).launch(
+            grid=[nb_count, max_tiles, num_splits],
+            block=[self.threads, 1, 1],
+            stream=stream,
+            **self._occupancy_kwargs(),
+        )
+
+    def _occupancy_kwargs(self) -> dict:
+        if self.cfg.min_ctas_per_sm > 1:
+            # (an explicit carveout also keeps the DSL from querying a device at compile time)
+            return dict(min_blocks_per_mp=self.cfg.min_ctas_per_sm, preferred_smem_carveout=100)
+        return {}
+
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        w: cute.Pointer,
+        act: cute.Pointer,
+        out: cute.Pointer,
+        sorted_routes: cute.Pointer,
+        route_start: cute.Pointer,
+        block_start: cute.Pointer,
+        topk_weights: cute.Pointer,
+        ws: cute.Pointer,
+        counters: cute.Pointer,
+        num_experts: Int32,
+        n: Int32,
+        k: Int32,
+        num_routes: Int32,
+        top_k: Int32,
+        num_splits: Int32,
+        tiled_mma: cute.TiledMma,
+        b_layout: cute.ComposedLayout,
+    ):
+        TN, BK, S = self.TN, self.BK, self.S
+        tidx, _, _ = cute.arch.thread_idx()
+        nb, tile, split = cute.arch.block_idx()
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+
+        g_bs = cute.make_tensor(block_start, cute.make_layout(num_experts + 1))
+        g_rs = cute.make_tensor(route_start, cute.make_layout(num_experts + 1))
+        g_routes = cute.make_tensor(sorted_routes, cute.make_layout(num_routes))
+
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(self.storage_cls)
+        full0 = st.full.data_ptr()
+        empty0 = st.empty.data_ptr()
+        misc_addr = st.misc.data_ptr().toint()
+        sW_addr = st.sW.data_ptr().toint()
+        sB_ptr = st.sB.data_ptr()
+        sB_addr = sB_ptr.toint()
+        if tidx == 0:
+            ptx.st_shared_b32(misc_addr, -1)
+            for s in cutlass.range_constexpr(S):
+                cute.arch.mbarrier_init(full0 + s, 1 + 128)
+                cute.arch.mbarrier_init(empty0 + s, self.ncons)
+            cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        # which expert owns this tile: block_start[e] <= tile < block_start[e + 1], searched by all
+        # threads in parallel (one round trip); no owner (tile >= block_start[E]) -> the CTA exits
+        for e_ in cutlass.range(tidx, num_experts, self.threads, unroll=1):
+            if g_bs[e_] <= tile:
+                if tile < g_bs[e_ + 1]:
+                    ptx.st_shared_b32(misc_addr, e_)
+        cute.arch.sync_threads()
+        e = ptx.ld_shared_b32(misc_addr)
+        if e >= 0:
+            # K range of this split
+            kt_total = k // BK
+            per_split = (kt_total + num_splits - 1) // num_splits
+            kt0 = split * per_split
+            nk = cutlass.max(cutlass.min(kt_total, kt0 + per_split) - kt0, 0)
+            if wg == 0:
+                if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
+                    cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
+                self._producer(tidx, w, act, g_rs, g_bs, g_routes, e, tile, nb, n, k, top_k, kt0, nk,
+                               full0, empty0, sW_addr, sB_addr)
+            else:
+                if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
+                    cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
+                ct = tidx % 128  # thread index inside its consumer warpgroup
+                cw = wg - 1
+                acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, nk)
+                slot0 = g_rs[e] + (tile - g_bs[e]) * TN
+                count = cutlass.min(g_rs[e + 1] - slot0, TN)
+                self._epilogue(ct, cw, acc, sB_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
+                               nb, tile, split, n, num_routes, top_k, num_splits, slot0, count)
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _producer(self, pt, w, act, g_rs, g_bs, g_routes, e, tile, nb, n, k, top_k, kt0, nk,
+                  full0, empty0, sW_addr, sB_addr):
+        TN, BK, S = self.TN, self.BK, self.S
+        nb_count = n // (64 * self.X)
+        w_base = w.toint() + ((Int64(e) * Int64(nb_count) + Int64(nb)) * Int64(k // BK) + Int64(kt0)) * self.chunk
+        # start streaming weights at once (the first S stages are free): they do not depend on the routes
+        if pt == 0:
+            for it in cutlass.range(cutlass.min(nk, S), unroll=1):
+                self._issue_w(it, w_base, full0, sW_addr)
+        # this thread's activation rows (16-byte chunk c of rows r0, r0 + RSTEP, ...)
+        CPR = BK // 8  # 16-byte chunks per activation row
+        total = TN * CPR
+        NIT = (total + 127) // 128
+        RSTEP = 128 // CPR  # a multiple of 8
+        c = pt % CPR
+        r0 = pt // CPR
+        rsw = r0 % 8  # row % 8 is the same for all of this thread's rows
+        dst_const = (c // 8) * (TN * 128) + rsw * 128 + (((c % 8) ^ rsw) * 16)
+        act_base = act.toint() + Int64(c * 16)
+        row_bytes = Int64(k) * 2
+        slot0 = g_rs[e] + (tile - g_bs[e]) * TN
+        count = cutlass.min(g_rs[e + 1] - slot0, TN)
+        rows = cute.make_rmem_tensor((NIT,), Int32)
+        for j in cutlass.range_constexpr(NIT):
+            ii = cutlass.min(r0 + j * RSTEP, count - 1)  # rows past the tile's tokens repeat the last one
+            if const_expr(self.cfg.mode == "gate_up"):
+                rows[j] = g_routes[slot0 + ii] // top_k
+            else:
+                rows[j] = slot0 + ii
+        for it in cutlass.range(nk, unroll=1):
+            stage = it % S
+            if it >= S:
+                cute.arch.mbarrier_wait(empty0 + stage, ((it // S) & 1) ^ 1)
+                if pt == 0:
+                    self._issue_w(it, w_base, full0, sW_addr)
+            kofs = act_base + Int64((kt0 + it) * (BK * 2))
+            dst_stage = sB_addr + stage * self.b_stage + dst_const
+            for j in cutlass.range_constexpr(NIT):
+                src = kofs + Int64(rows[j]) * row_bytes
+                dst = dst_stage + ((r0 + j * RSTEP) // 8) * 1024
+                if const_expr(total % 128 == 0):
+                    ptx.cp_async_16(dst, src)
+                else:
+                    if pt + 128 * j < total:
+                        ptx.cp_async_16(dst, src)
+            cute.arch.cp_async_mbarrier_arrive_noinc(full0 + stage)
+
+    @cute.jit
+    def _issue_w(self, it, w_base, full0, sW_addr):
+        """Thread 0: arm stage ``it % S`` with the chunk's byte count and bulk-copy the weight chunk."""
+        stage = it % self.S
+        cute.arch.mbarrier_arrive_and_expect_tx(full0 + stage, self.chunk)
+        ptx.bulk_g2s(
+            sW_addr + stage * self.w_stage,
+            w_base + Int64(it) * self.chunk,
+            self.chunk,
+            (full0 + stage).toint(),
+            evict_first=self.cfg.evict_first,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _load_tile_words(self, ct, cw, stage, sW_addr):
+        """This thread's raw code words and (broadcast) scale / bias pairs of one K tile (LDS)."""
+        XW, C = self.XW, self.C
+        gpt = self.gpt
+        q = ct // 4
+        wbase = sW_addr + stage * self.w_stage
+        raw, s_lo, s_hi, b_lo, b_hi = [], [], [], [], []
+        for xl in cutlass.range_constexpr(XW):
+            x = cw * XW + xl
+            saddr = wbase + self.code_bytes + (x * 32 + q) * (gpt * 4)
+            sw = self._lds_words(saddr, gpt)
+            s_lo.append([ptx.prmt(v, 0x1010) for v in sw])
+            s_hi.append([ptx.prmt(v, 0x3232) for v in sw])
+            if const_expr(self.cfg.zero_point):
+                bw = self._lds_words(saddr + self.scale_bytes, gpt)
+                b_lo.append([ptx.prmt(v, 0x1010) for v in bw])
+                b_hi.append([ptx.prmt(v, 0x3232) for v in bw])
+            words = []
+            for cc in cutlass.range_constexpr(C):
+                words.append(ptx.ld_shared_v4(wbase + ((x * C + cc) * 128 + ct) * 16))
+            raw.append(words)
+        return raw, s_lo, s_hi, b_lo, b_hi
+
+    @cute.jit
+    def _lds_words(self, addr, nwords: cutlass.Constexpr):
+        if const_expr(nwords == 4):
+            return ptx.ld_shared_v4(addr)
+        elif const_expr(nwords == 2):
+            return ptx.ld_shared_v2(addr)
+        else:
+            return (ptx.ld_shared_b32(addr),)
+
+    @cute.jit
+    def _decode_block(self, tw_, kb: cutlass.Constexpr, frag):
+        """Dequantize k16 block ``kb`` of every local m64 block into fragment slot ``kb``."""
+        raw, s_lo, s_hi, b_lo, b_hi = tw_
+        g = self.cfg.group
+        gi = (kb * 16) // g if (g and g <= self.BK) else 0
+        magic = Int32(ptx._u32(self.magic))
+        sym = Int32(ptx._u32(self.sym_bias))
+        for xl in cutlass.range_constexpr(self.XW):
+            word = raw[xl][kb // 4][kb % 4]
+            for i in cutlass.range_constexpr(4):
+                rh = i % 2
+                src = word if i == 0 else (word >> (4 * i))
+                t = ptx.lop3_and_or(src, 0x000F000F, magic)
+                if const_expr(self.cfg.zero_point):
+                    bias = b_lo[xl][gi] if rh == 0 else b_hi[xl][gi]
+                else:
+                    bias = sym
+                t = ptx.packed_add(t, bias, self.is_bf16)
+                t = ptx.packed_mul(t, s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
+                frag[(0, rh, i // 2), xl, kb] = t
+
+    @cute.jit
+    def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, nk):
+        TN, BK, S, XW, KB = self.TN, self.BK, self.S, self.XW, self.KB
+        sB = cute.make_tensor(cute.recast_ptr(sB_ptr, b_layout.inner, dtype=self.ab_dtype), b_layout.outer)
+        thr_mma = tiled_mma.get_slice(ct)
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64 * XW, TN)), Float32)
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_shape_A((64 * XW, BK)))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        frag = cute.recast_tensor(tCrA, Int32)
+        acc.fill(0.0)
+        tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+        if const_expr(self.cfg.schedule == "serial"):
+            for it in cutlass.range(nk, unroll=1):
+                stage = it % S
+                cute.arch.mbarrier_wait(full0 + stage, (it // S) & 1)
+                ptx.fence_proxy_async_smem()
+                tw_ = self._load_tile_words(ct, cw, stage, sW_addr)
+                for kb in cutlass.range_constexpr(KB):
+                    self._decode_block(tw_, kb, frag)
+                warpgroup.fence()
+                for kb in cutlass.range_constexpr(KB):
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, stage], acc)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                cute.arch.mbarrier_arrive(empty0 + stage)
+        else:
+            for it in cutlass.range(nk, unroll=1):
+                stage = it % S
+                cute.arch.mbarrier_wait(full0 + stage, (it // S) & 1)
+                ptx.fence_proxy_async_smem()
+                tw_ = self._load_tile_words(ct, cw, stage, sW_addr)
+                for kb in cutlass.range_constexpr(KB):
+                    # slot kb was last read by block kb of the previous tile: KB - 1 groups were committed
+                    # after it, so wait_group(KB - 1) retires it (no-op during the first tile); the
+                    # hardware counts at most 7 pending groups, a smaller bound only waits longer
+                    warpgroup.wait_group(min(KB - 1, 7))
+                    if const_expr(kb == KB - 1):
+                        # every WGMMA of the previous tile has retired now: release its stage
+                        if it > 0:
+                            cute.arch.mbarrier_arrive(empty0 + (it + S - 1) % S)
+                    self._decode_block(tw_, kb, frag)
+                    warpgroup.fence()
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, stage], acc)
+                    warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            if nk > 0:
+                cute.arch.mbarrier_arrive(empty0 + (nk - 1) % S)
+        return acc
+
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def _act(self, gate, up):
+        a = self.cfg.activation
+        if const_expr(a == "swiglu"):
+            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
+        elif const_expr(a == "geglu"):
+            return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
+        elif const_expr(a == "relu2"):
+            r = cutlass.max(gate, Float32(0.0))
+            return r * r
+        else:  # silu
+            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
+
+    def _acc_crd(self, v, rh, j, x):
+        """Coordinate of accumulator element (col pair v, row half rh, n8 block j, m64 block x)."""
+        if self.TN == 8:
+            return ((v, rh), x, 0)
+        return ((v, rh, j), x, 0)
+
+    @cute.jit
+    def _epilogue(self, ct, cw, acc, sB_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
+                  nb, tile, split, n, num_routes, top_k, num_splits, slot0, count):
+        cfg = self.cfg
+        TN, XW, X = self.TN, self.XW, self.X
+        rs = self.rs
+        cols = self.cols
+        nthr = self.ncons
+        tid = cw * 128 + ct
+        w_ = ct // 32
+        l_ = ct % 32
+        # (A) accumulators -> FP32 staging [TN][cols] (column = 64 * m64 block + row in block)
+        ptx.fence_proxy_async_smem()
+        cute.arch.barrier(barrier_id=1, number_of_threads=nthr)  # every consumer is done with the ring
+        for xl in cutlass.range_constexpr(XW):
+            for rh in cutlass.range_constexpr(2):
+                col = (cw * XW + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
+                for j in cutlass.range_constexpr(TN // 8):
+                    for v in cutlass.range_constexpr(2):
+                        tok = 8 * j + 2 * (l_ % 4) + v
+                        ptx.st_shared_f32(sB_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl)])
+        cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+
+        # (B) split-K: publish this split's partial tile, the last split to arrive finishes
+        nb_count = n // cols
+        tile_id = tile * nb_count + nb
+        tile_elems = TN * cols
+        ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
+        is_last = Int32(1)
+        if num_splits > 1:
+            vpr = cols // 4
+            for it in cutlass.range_constexpr((TN * vpr + nthr - 1) // nthr):
+                idx = tid + it * nthr
+                i = idx // vpr
+                vv = idx % vpr
+                if i < count:
+                    d = ptx.ld_shared_v4(sB_addr + (i * rs + vv * 4) * 4)
+                    dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
+                    ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
+            ptx.fence_acq_rel_gpu()
+            cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+            if tid == 0:
+                cnt_addr = counters.toint() + Int64(tile_id) * 4
+                old = ptx.atom_add_gpu(cnt_addr, 1)
+                last = Int32(0)
+                if old == num_splits - 1:
+                    last = Int32(1)
+                    ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
+                ptx.fence_acq_rel_gpu()
+                ptx.st_shared_b32(misc_addr + 4, last)
+            cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+            is_last = ptx.ld_shared_b32(misc_addr + 4)
+            ptx.fence_acq_rel_gpu()
+
+        # (C) finish: 8 output columns per item
+        if is_last != 0:
+            cols_out = self.cols_out
+            vpo = cols_out // 8
+            out_base = out.toint()
+            r_a = cute.make_rmem_tensor((8,), Float32)
+            r_b = cute.make_rmem_tensor((8,), Float32)
+            for it in cutlass.range_constexpr((TN * vpo + nthr - 1) // nthr):
+                idx = tid + it * nthr
+                i = idx // vpo
+                vv = idx % vpo
+                if i < count:
+                    self._gather8(r_a, sB_addr, ws_base, num_splits, tile_elems, i, vv * 8)
+                    if const_expr(cfg.gated):
+                        self._gather8(r_b, sB_addr, ws_base, num_splits, tile_elems, i, cols_out + vv * 8)
+                        vals = [self._act(r_a[q], r_b[q]) for q in range(8)]
+                    elif const_expr(cfg.mode == "gate_up"):
+                        vals = [self._act(r_a[q], r_a[q]) for q in range(8)]
+                    else:
+                        vals = [r_a[q] for q in range(8)]
+                    slot = slot0 + i
+                    if const_expr(cfg.epi == "h"):
+                        ldo = n // 2 if const_expr(cfg.gated) else n
+                        off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
+                        self._store8(out_base + off * 2, vals)
+                    elif const_expr(cfg.epi == "y"):
+                        route = g_routes[slot]
+                        off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
+                        self._store8(out_base + off * 2, vals)
+                    else:  # atomic_f32
+                        route = g_routes[slot]
+                        tok = route // top_k
+                        twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
+                        off = Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)
+                        ptx.red_add_v4_f32(out_base + off * 4, vals[0] * twt, vals[1] * twt, vals[2] * twt,
+                                           vals[3] * twt)
+                        ptx.red_add_v4_f32(out_base + off * 4 + 16, vals[4] * twt, vals[5] * twt, vals[6] * twt,
+                                           vals[7] * twt)
+
+    @cute.jit
+    def _gather8(self, res, sB_addr, ws_base, num_splits, tile_elems, i, col):
+        """Fill ``res`` (8 FP32, rmem) with staging row ``i`` from column ``col``: this CTA's tile, or the
+        fixed-order sum of every split's partial when split-K is on."""
+        if num_splits > 1:
+            res.fill(0.0)
+            for s in cutlass.range(num_splits, unroll=1):
+                base = ws_base + Int64((s * tile_elems + i * self.cols + col) * 4)
+                a = ptx.ld_global_cg_v4(base)
+                b = ptx.ld_global_cg_v4(base + 16)
+                for q in cutlass.range_constexpr(4):
+                    res[q] = res[q] + ptx.i32_as_f32(a[q])
+                    res[4 + q] = res[4 + q] + ptx.i32_as_f32(b[q])
+        else:
+            a = ptx.ld_shared_v4(sB_addr + (i * self.rs + col) * 4)
+            b = ptx.ld_shared_v4(sB_addr + (i * self.rs + col + 4) * 4)
+            for q in cutlass.range_constexpr(4):
+                res[q] = ptx.i32_as_f32(a[q])
+                res[4 + q] = ptx.i32_as_f32(b[q])
+
+    @cute.jit
+    def _store8(self, addr, vals):
+        p = [ptx.pack2_16(vals[2 * q], vals[2 * q + 1], self.is_bf16) for q in range(4)]
+        ptx.st_global_v4(addr, p[0], p[1], p[2], p[3])
