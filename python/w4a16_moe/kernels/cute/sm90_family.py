@@ -52,7 +52,7 @@ def _compile(spec: KernelSpec, arch: str):
 
 
 def kernel_config(**fields):
-    from .sm90_grouped_gemm import Sm90GemmConfig
+    from .sm90_config import Sm90GemmConfig
 
     return Sm90GemmConfig(**fields)
 

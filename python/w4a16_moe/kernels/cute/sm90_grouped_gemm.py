@@ -71,66 +71,9 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from . import sm90_ptx as ptx
+from .sm90_config import ACT_CODES, GATED as _GATED, Sm90GemmConfig, check_setmaxnreg
 
 __all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
-
-
-def check_setmaxnreg(cfg: "Sm90GemmConfig", entry_regs: int) -> None:
-    """``setmaxnreg.inc`` blocks until the CTA's pool holds the registers asked for, and the pool only
-    holds what the kernel was launched with: a kernel whose entry register count (from the cubin)
-    is below what the budgets need would hang. Call after compiling a ``setmaxnreg`` kernel."""
-    if cfg.setmaxnreg:
-        need = cfg.producer_regs * 128 + cfg.consumer_regs * 128 * cfg.consumer_wgs
-        have = entry_regs * 128 * (1 + cfg.consumer_wgs)
-        if need > have:
-            raise RuntimeError(f"{cfg.name()}: setmaxnreg budgets need {need} registers, launch gives {have}")
-
-ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
-_GATED = {"swiglu", "geglu"}
-
-
-@dataclass(frozen=True)
-class Sm90GemmConfig:
-    """Static configuration of one compiled kernel."""
-
-    mode: str = "gate_up"  # "gate_up" | "down"
-    dtype: str = "bf16"  # activation / compute dtype: "bf16" | "fp16"
-    group: int = 32  # scale group along K; 0 = per channel (any group >= k_tile behaves the same)
-    m64_per_block: int = 2  # X: m64 blocks (64 weight rows each) per CTA
-    tokens_per_tile: int = 32  # TN: WGMMA N, multiple of 8 in [8, 256]
-    k_tile: int = 128  # BK: K per pipeline stage, multiple of 64
-    stages: int = 4
-    activation: str = "swiglu"  # gate_up only
-    zero_point: bool = False
-    epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
-    consumer_wgs: int = 1
-    schedule: str = "overlap"  # "overlap" | "serial"
-    evict_first: bool = True  # L2 evict-first hint on the streamed weights
-    min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that many CTAs fit on an SM
-    setmaxnreg: bool = False  # rebalance registers (consumer_wgs == 2 only; see check_setmaxnreg)
-    producer_regs: int = 56
-    consumer_regs: int = 224
-
-    @property
-    def gated(self) -> bool:
-        return self.mode == "gate_up" and self.activation in _GATED
-
-    @property
-    def epi(self) -> str:
-        if self.epilogue != "auto":
-            return self.epilogue
-        return "h" if self.mode == "gate_up" else "y"
-
-    def name(self) -> str:
-        g = "ch" if self.group == 0 else str(self.group)
-        act = ("_" + self.activation) if self.mode == "gate_up" else ""
-        zp = "zp" if self.zero_point else ""
-        sch = ("" if self.schedule == "overlap" else "_ser") + ("_mr" if self.setmaxnreg else "")
-        sch += f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else ""
-        return (
-            f"sm90_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_t{self.tokens_per_tile}"
-            f"_k{self.k_tile}_s{self.stages}_w{self.consumer_wgs}_{self.epi}{act}{sch}"
-        )
 
 
 def _round_up(a: int, b: int) -> int:

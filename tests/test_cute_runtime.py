@@ -1,0 +1,41 @@
+"""The CuTe provider's run-time path must not need the CuTe DSL (a prebuilt wheel runs without it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    sys.modules["cutlass"] = None          # any `import cutlass` now raises ImportError
+    sys.modules["cuda.bindings"] = None
+    import torch, w4a16_moe as wm
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+    from w4a16_moe.validate import check_moe_call
+    g = torch.Generator().manual_seed(0)
+    w = wm.quantize_experts(torch.randn(4, 512, 256, generator=g).bfloat16(),
+                            torch.randn(4, 256, 256, generator=g).bfloat16(), "int4_g32")
+    x = torch.randn(3, 256).bfloat16()
+    ids = torch.tensor([[0, 1], [2, 3], [1, -1]], dtype=torch.int32)
+    call = check_moe_call(x, w, torch.rand(3, 2), ids)
+    info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+    reason = provider.unavailable_reason(call, info)
+    assert reason is not None and "not installed" in reason, reason
+    up, down = fam.gemm_configs(w.scheme, "bf16", "swiglu", True, "deterministic", fam.select_tiles(6, 4))
+    assert fam.config_from_spec(fam.spec_for(up)) == up
+    p = provider._packed(w, "w13", up, torch.bfloat16)       # weight packing is torch only
+    assert p.data.dtype == torch.uint8
+    print("ok", fam.spec_for(down).name)
+""")
+
+
+def test_runtime_path_imports_no_cutlass(tmp_path):
+    env = dict(os.environ, W4A16_MOE_PREBUILT_DIR=str(tmp_path), W4A16_MOE_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "python"),
+                                          env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.startswith("ok sm90_w4a16_gemm__")
