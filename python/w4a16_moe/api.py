@@ -168,6 +168,17 @@ def warmup(
     dev = weights.device
     e = weights.num_experts
     tokens = _warmup_token_counts(e, top_k, max_tokens)
+    from .providers import resolve_backend, select_provider
+    from .validate import check_moe_call
+
+    probe_x = torch.zeros(1, weights.hidden_size, dtype=dtype, device=dev)
+    probe_ids = torch.full((1, top_k), expert_offset, dtype=torch.int32, device=dev)
+    call = check_moe_call(probe_x, weights, torch.ones(1, top_k, device=dev), probe_ids, activation=activation,
+                          expert_offset=expert_offset)
+    if select_provider(call, resolve_backend(backend)).provider == "cute":
+        from .kernels.cute.provider import cute_warmup
+
+        cute_warmup(weights, dtype, activation, max_tokens, top_k, finalizes=tuple(finalize))
     for t in tokens:
         x = torch.zeros(t, weights.hidden_size, dtype=dtype, device=dev)
         ids = (torch.arange(t * top_k, device=dev, dtype=torch.int32).view(t, top_k) % e) + expert_offset

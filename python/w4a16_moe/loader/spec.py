@@ -251,7 +251,6 @@ _BUILTIN_FAMILIES = {
             "w4a16_moe.kernels.cute.sm90_grouped_gemm",
             "w4a16_moe.kernels.cute.sm90_config",
             "w4a16_moe.kernels.cute.sm90_ptx",
-            "w4a16_moe.kernels.cute.sm90_family",
         ),
     ),
 }

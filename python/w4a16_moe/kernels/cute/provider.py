@@ -17,6 +17,7 @@ call :func:`w4a16_moe.warmup` before capturing.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Optional
 
@@ -68,7 +69,7 @@ def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
             return f"{name}: reduction size {k} is not a multiple of 128 (scheme {sch.name}, provider cute)"
     if call.activation.gated and i % 128:
         return f"w13: intermediate size {i} is not a multiple of 128 (gated, provider cute)"
-    tiles = fam.select_tiles(call.tokens * call.top_k, call.experts)
+    tiles, _ = fam.choose(call.tokens, call.top_k, call.experts, h, i, sch.name, _DTYPES[call.dtype], info.name)
     if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.MAX_GRID_Y:
         return f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
     return _kernels_available(info.arch)
@@ -92,6 +93,15 @@ def _kernel(cfg):
     from ...loader import get_kernel
 
     return get_kernel(fam.spec_for(cfg), "sm_90a")
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name_idx(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def _gpu_name(device: torch.device) -> str:
+    return _gpu_name_idx(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _stream() -> int:
@@ -142,7 +152,7 @@ def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: s
     dt = _DTYPES[x.dtype]
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
     r = tokens * top_k
-    tiles = fam.select_tiles(r, e)
+    tiles, splits = fam.choose(tokens, top_k, e, h, i, weights.scheme.name, dt, _gpu_name(x.device))
     up, down = fam.gemm_configs(weights.scheme, dt, activation, weights.gated, finalize, tiles)
     _check_capture(weights, (up, down), x.dtype)
     p13 = _packed(weights, "w13", up, x.dtype)
@@ -151,8 +161,14 @@ def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: s
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
     n13 = weights.w13.n
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
-    _launch(up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, fam.num_splits(n13, h, up, r, e))
-    return hbuf, plan, down, p2, max_tiles
+    if finalize == "deterministic":
+        # no split-K: each route's result is then independent of the batch it came in (same kernel math
+        # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit
+        splits = 1
+    split_up = fam.num_splits(n13, h, up, r, e) if splits is None else min(splits, h // up.k_tile)
+    _launch(up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, split_up)
+    split_down = fam.num_splits(h, i, down, r, e) if splits is None else min(splits, i // down.k_tile)
+    return hbuf, plan, down, p2, max_tiles, split_down
 
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
@@ -166,9 +182,8 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
     r = tokens * top_k
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
-    hbuf, plan, down, p2, max_tiles = _gate_up(x, weights, ids, tw, expert_offset=call.expert_offset,
-                                               activation=call.activation.name, finalize=call.finalize)
-    splits = fam.num_splits(h, i, down, r, e)
+    hbuf, plan, down, p2, max_tiles, splits = _gate_up(x, weights, ids, tw, expert_offset=call.expert_offset,
+                                                       activation=call.activation.name, finalize=call.finalize)
     if call.finalize == "deterministic":
         y = torch.empty(r, h, dtype=x.dtype, device=x.device)
         _launch(down, p2, hbuf, y, plan, tw, e, h, i, r, top_k, max_tiles, splits)
@@ -192,30 +207,31 @@ def cute_expert_routes(x, weights, local_ids, *, activation: str):
     r = tokens * top_k
     ids = local_ids.contiguous()
     dummy_w = torch.empty(r, dtype=torch.float32, device=x.device)  # read only by the atomic epilogue
-    hbuf, plan, down, p2, max_tiles = _gate_up(x.contiguous(), weights, ids, dummy_w, expert_offset=0,
-                                               activation=activation, finalize="deterministic")
-    _launch(down, p2, hbuf, y.view(r, h), plan, dummy_w, e, h, i, r, top_k, max_tiles,
-            fam.num_splits(h, i, down, r, e))
+    hbuf, plan, down, p2, max_tiles, splits = _gate_up(x.contiguous(), weights, ids, dummy_w, expert_offset=0,
+                                                       activation=activation, finalize="deterministic")
+    _launch(down, p2, hbuf, y.view(r, h), plan, dummy_w, e, h, i, r, top_k, max_tiles, splits)
     return y, valid
 
 
 def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, top_k: int,
                 finalizes=("deterministic", "fused")) -> list:
-    """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select.
-
-    The routes per expert ``r`` grow monotonically with the token count, so the buckets in use are the
-    contiguous range of :data:`sm90_family.TILES` between those of 1 and ``max_tokens`` tokens.
-    """
+    """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select
+    (the rule's buckets and the tuned table's entries for this layer; see :func:`sm90_family.choose`)."""
     from ...activations import get_activation
 
     dt = _DTYPES[dtype]
     act = get_activation(activation)
-    e = weights.num_experts
-    buckets = [t for _, t in fam.TILES]
-    lo = buckets.index(fam.select_tiles(top_k, e))
-    hi = buckets.index(fam.select_tiles(max_tokens * top_k, e))
+    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    gpu = _gpu_name(weights.device)
+    grid = sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens,
+                   *(t for t in fam.tuned_token_counts(gpu, e, h, i, weights.scheme.name, dt, top_k) if t <= max_tokens)})
+    buckets = []
+    for t in grid:
+        tiles, _ = fam.choose(t, top_k, e, h, i, weights.scheme.name, dt, gpu)
+        if tiles not in buckets:
+            buckets.append(tiles)
     names = []
-    for tiles in buckets[lo : hi + 1]:
+    for tiles in buckets:
         for fin in finalizes:
             up, down = fam.gemm_configs(weights.scheme, dt, act.name, weights.gated, fin, tiles)
             _packed(weights, "w13", up, dtype)

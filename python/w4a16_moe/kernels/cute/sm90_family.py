@@ -20,11 +20,19 @@ r > 64                 128   4   64   3       2     overlap      prefill: two co
 ``r = cdiv(T * k, min(E, T * k))`` (an upper bound under expert parallelism, where most routes belong
 to other ranks). The table comes from the first H200 sweep of the kernel bundle (``docs/perf/``); split-K
 (``num_splits``, a runtime argument) is used when the grid would not fill the GPU twice.
+
+A tuner (``python -m w4a16_moe tune``) measures every bucket and split choice on a workload and stores the
+best per token count in ``tuned_sm90.json`` keyed by GPU name and layer shape (with the versions it was
+measured with); :func:`choose` prefers those entries and falls back to the rule above. This module only
+selects among compiled kernels, so it is not part of the kernels' source hash.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import os
 from typing import Iterable, Optional
 
 from ...loader.spec import KernelSpec
@@ -91,6 +99,46 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
     up = kernel_config(mode="gate_up", activation=activation, **common)
     down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **common)
     return up, down
+
+
+# Tuner overrides (``python -m w4a16_moe tune``): {"bucket": index into TILES, "splits": int}
+FORCE: dict = {}
+TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned_sm90.json")
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_table(path: str = TUNED_PATH) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f).get("entries", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str, top_k: int) -> str:
+    return f"{gpu}|e{num_experts}_h{hidden}_i{intermediate}|{scheme}|{dtype}|k{top_k}"
+
+
+def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
+           gpu: str) -> tuple:
+    """``(tiles, splits or None)`` for a call: tuner override, then the tuned table (largest measured token
+    count <= ``tokens``), then the routes-per-expert rule. ``splits`` None means :func:`num_splits`."""
+    if FORCE:
+        return dict(TILES[FORCE["bucket"]][1]), FORCE.get("splits")
+    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
+    if rows:
+        best = None
+        for t, bucket, splits in rows:  # sorted by t
+            if t <= tokens or best is None:
+                best = (bucket, splits)
+        return dict(TILES[best[0]][1]), best[1]
+    return select_tiles(tokens * top_k, num_experts), None
+
+
+def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
+                       top_k: int) -> list:
+    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k)) or []
+    return [t for t, _, _ in rows]
 
 
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
