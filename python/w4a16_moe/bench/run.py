@@ -5,6 +5,10 @@ Per row (token count): draw fresh inputs, compute the FP32 reference, check ever
 replay (``triton.testing.do_bench_cudagraph(fn, rep=150)``), three samples per provider taken in
 alternating provider order, and report the median. Records go to ``--json``; ``--plot`` draws
 latency against tokens with the floor.
+
+Providers: ``cute`` (CuTe, deterministic finalize: fixed-order FP32 combine, no split-K, batch-invariant),
+``cute-fused`` (CuTe, fused finalize: FP32 atomics in the down GEMM, split-K allowed), ``triton``
+(deterministic), ``dense-bf16`` (dequantized BF16 weights through ``torch._grouped_mm``, for scale).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from .workloads import SEED, WORKLOADS, Workload, floor_us, make_inputs, make_we
 
 __all__ = ["run_bench", "PROVIDERS", "main"]
 
-PROVIDERS = ("cute", "triton", "dense-bf16")
+PROVIDERS = ("cute", "cute-fused", "triton", "dense-bf16")
 NRMSE_LIMIT = 0.02
 
 
@@ -67,10 +71,10 @@ def _dense_bf16(wl: Workload, weights):
 def _provider_fn(name: str, wl: Workload, weights) -> Optional[Callable]:
     if name == "dense-bf16":
         return _dense_bf16(wl, weights)
-    backend = name
+    backend, finalize = (name, "deterministic") if name != "cute-fused" else ("cute", "fused")
 
     def run(x, tw, ids, out=None):
-        return fused_moe(x, weights, tw, ids, activation="swiglu", finalize="deterministic", backend=backend, out=out)
+        return fused_moe(x, weights, tw, ids, activation="swiglu", finalize=finalize, backend=backend, out=out)
 
     return run
 

@@ -32,7 +32,16 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _kernels_available(arch: str) -> Optional[str]:
-    """None when kernels can be had (prebuilt manifest for arch, or the CuTe DSL for JIT), else why not."""
+    """None when kernels can be had (prebuilt manifest for arch, or the CuTe DSL for JIT), else why not.
+    Cached per arch and the environment that decides it (this runs on every call)."""
+    import os
+
+    return _kernels_available_cached(arch, os.environ.get("W4A16_MOE_PREBUILT_DIR"),
+                                     os.environ.get("W4A16_MOE_DISABLE_JIT"))
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels_available_cached(arch: str, _prebuilt_env, _jit_env) -> Optional[str]:
     from ...loader import jit_cache, prebuilt
 
     if prebuilt.summary().get("per_arch", {}).get(arch):
@@ -89,6 +98,7 @@ def _packed(weights, which: str, cfg, dtype: torch.dtype):
                                                         compute_dtype=dtype, interleave_gate_up=interleave))
 
 
+@functools.lru_cache(maxsize=None)
 def _kernel(cfg):
     from ...loader import get_kernel
 

@@ -65,6 +65,7 @@ def kernel_config(**fields):
     return Sm90GemmConfig(**fields)
 
 
+@functools.lru_cache(maxsize=None)
 def spec_for(cfg) -> KernelSpec:
     return KernelSpec(FAMILY, dataclasses.asdict(cfg))
 
@@ -95,6 +96,12 @@ def group_param(scheme) -> int:
 
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
     """(gate_up, down) :class:`Sm90GemmConfig` of one call."""
+    return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
+    tiles = dict(tiles_items)
     common = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
     up = kernel_config(mode="gate_up", activation=activation, **common)
     down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **common)
