@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The one command that runs the GPU tests and the benchmarks on the GPU machine (see README, "Development").
-#   scripts/gpu.sh [tests] [bench] [bench-cute]   (default: tests bench)
-# Logs and results go to $OUT (default ./out): gpu_tests.log, w1.{json,md,png}, w2.{json,md,png}.
-# Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git history).
+#   scripts/gpu.sh [tests] [bench] [bench-ep]   (default: tests bench)
+# Logs and results go to $OUT (default ./out): gpu_tests.log, bench.log, w1.{json,md,png}, w2.{json,md,png},
+# ep2.{json,md}. Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git
+# history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt`, carried along) is
+# used when present, with JIT disabled, since the GPU machine has no CuTe DSL.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -f .device/prebuilt/manifest.json ] && [ -z "${W4A16_MOE_PREBUILT_DIR:-}" ]; then
+  export W4A16_MOE_PREBUILT_DIR=$PWD/.device/prebuilt W4A16_MOE_DISABLE_JIT=${W4A16_MOE_DISABLE_JIT:-1}
+fi
 steps=${*:-tests bench}
-PROVIDERS=${BENCH_PROVIDERS:-cute,triton,dense-bf16}
+PROVIDERS=${BENCH_PROVIDERS:-cute,cute-fused,triton}
 rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
 for step in $steps; do
@@ -24,6 +30,10 @@ for step in $steps; do
           --json "$OUT/$2.json" --markdown "$OUT/$2.md" --plot "$OUT/$2.png" 2>&1 | tee -a "$OUT/bench.log"
         rc=$((rc | ${PIPESTATUS[0]}))
       done ;;
+    bench-ep)
+      timeout "${BENCH_TIMEOUT:-300}" python -m w4a16_moe bench-ep --tokens 16,256,2048 \
+        --json "$OUT/ep2.json" --markdown "$OUT/ep2.md" 2>&1 | tee -a "$OUT/bench.log"
+      rc=$((rc | ${PIPESTATUS[0]})) ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
 done

@@ -106,14 +106,10 @@ def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_
         from .reference import reference_moe_masked
 
         out.copy_(reference_moe_masked(x, weights, masked_m, activation=activation))
-    elif decision.provider == "triton":
+    else:  # the CuTe kernels do not cover the masked layout (providers.select_provider never picks them)
         from .kernels.triton.moe import triton_fused_moe_masked
 
         triton_fused_moe_masked(x, weights, masked_m, activation=activation, out=out)
-    else:
-        from .kernels.cute.provider import cute_fused_moe_masked
-
-        cute_fused_moe_masked(x, weights, masked_m, call=call, out=out)
     return out
 
 
