@@ -396,11 +396,11 @@ for arch in (90, 80):
             n += 2
     ids = dict(ids_ptr="*i64", num_routes="i32", expert_offset="i32", num_experts="i32")
     build(rt._route_prep_single_kernel, dict(ids, counts_ptr="*i32", cursor_ptr="*i32", sorted_ptr="*i32",
-          route_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
+          route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
           dict(BLOCK_M=16, E_PAD=512, CHUNK=1024, J_CHUNK=8), arch)
     build(rt._route_count_kernel, dict(ids, counts_ptr="*i32"), dict(CHUNK=1024), arch)
     build(rt._route_scan_kernel, dict(counts_ptr="*i32", num_experts="i32", cursor_ptr="*i32",
-          route_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
+          route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
           dict(BLOCK_M=64, E_PAD=16, J_CHUNK=16, CHUNK=1024), arch)
     build(rt._route_scatter_kernel, dict(ids, cursor_ptr="*i32", sorted_ptr="*i32"), dict(CHUNK=1024), arch)
     for from_mask in (False, True):
