@@ -9,7 +9,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import w4a16_moe as wm
 from w4a16_moe import ops
 
-from conftest import HAS_CUDA, nrmse, random_routing, random_weights
+from conftest import nrmse, random_routing, random_weights
 
 
 def test_ops_registered():

@@ -88,14 +88,18 @@ def _max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
     return -(-num_routes // tn) + min(num_experts, num_routes)
 
 
+def _layout_key(which: str, cfg, dtype: torch.dtype) -> str:
+    """Cache key of a packed layout: it depends on the matrix, the row block (X), the K tile and dtype."""
+    return f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
+
+
 def _packed(weights, which: str, cfg, dtype: torch.dtype):
     from .sm90_pack import pack_sm90
 
     qm = weights.w13 if which == "w13" else weights.w2
     interleave = which == "w13" and weights.gated
-    key = f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
-    return weights.packed_for(key, lambda w: pack_sm90(qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile,
-                                                        compute_dtype=dtype, interleave_gate_up=interleave))
+    return weights.packed_for(_layout_key(which, cfg, dtype), lambda w: pack_sm90(
+        qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile, compute_dtype=dtype, interleave_gate_up=interleave))
 
 
 @functools.lru_cache(maxsize=None)
@@ -145,7 +149,7 @@ def _check_capture(weights, cfgs, dtype) -> None:
     cold = [c.name() for c in cfgs if not getattr(_KERNELS.get((fam.spec_for(c), "sm_90a")), "loaded", False)]
     layouts = layout_cache(weights.w13.codes)
     unpacked = [w for c, w in zip(cfgs, ("w13", "w2"))
-                if f"cute-sm90:{w}:x{c.m64_per_block}:k{c.k_tile}:{dtype}" not in layouts]
+                if _layout_key(w, c, dtype) not in layouts]
     if cold or unpacked:
         raise RuntimeError(
             "fused_moe (provider cute): first use inside CUDA-graph capture (kernels not loaded yet: "
