@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one command that runs the GPU tests and the benchmarks on the GPU machine (see README, "Development").
-#   scripts/gpu.sh [tests] [bench] [bench-ep]   (default: tests bench)
+#   scripts/gpu.sh [tests] [bench] [bench-ep] [tune]   (default: tests bench)
 # Logs and results go to $OUT (default ./out): gpu_tests.log, bench.log, w1.{json,md,png}, w2.{json,md,png},
-# ep2.{json,md}. Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git
+# ep2.{json,md}, tune_w{1,2}_{small,large}.json. Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git
 # history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt`, carried along) is
 # used when present, with JIT disabled, since the GPU machine has no CuTe DSL.
 set -uo pipefail
@@ -28,6 +28,17 @@ for step in $steps; do
         set -- $w
         timeout "${BENCH_TIMEOUT:-300}" python -m w4a16_moe bench --workload "$1" --providers "$PROVIDERS" \
           --json "$OUT/$2.json" --markdown "$OUT/$2.md" --plot "$OUT/$2.png" 2>&1 | tee -a "$OUT/bench.log"
+        rc=$((rc | ${PIPESTATUS[0]}))
+      done ;;
+    tune)
+      # decode-sized rows: every candidate tile shape x split-K choice; larger rows: candidates, rule or no split
+      for w in "kimi-tp8 w1 1,8,32 256,1024,2048" "deepseek-ep8 w2 2,4,8,16,32,64 128,256,512,1024,2048,4096,8192"; do
+        set -- $w
+        timeout "${TUNE_TIMEOUT:-400}" python -m w4a16_moe tune --workload "$1" --tokens "$3" \
+          --json "$OUT/tune_$2_small.json" 2>&1 | tee -a "$OUT/tune.log"
+        rc=$((rc | ${PIPESTATUS[0]}))
+        timeout "${TUNE_TIMEOUT:-400}" python -m w4a16_moe tune --workload "$1" --tokens "$4" --splits rule,1 \
+          --json "$OUT/tune_$2_large.json" 2>&1 | tee -a "$OUT/tune.log"
         rc=$((rc | ${PIPESTATUS[0]}))
       done ;;
     bench-ep)

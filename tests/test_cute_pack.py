@@ -7,7 +7,9 @@ import torch
 
 from w4a16_moe.formats.quantize import dequantize_matrix, quantize_matrix
 from w4a16_moe.formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
-from w4a16_moe.kernels.cute.sm90_pack import fragment_row_col, pack_sm90, unpack_sm90
+from w4a16_moe.kernels.cute.sm90_pack import (
+    FP4_SCALE_EXP, effective_scales, fragment_row_col, pack_sm90, unpack_sm90,
+)
 
 
 def _random_int4(e, n, k, scheme, dtype=torch.bfloat16, seed=0):
@@ -48,9 +50,17 @@ def test_round_trip(e, n, k, scheme, x, bk, inter, dtype):
             assert torch.equal(back.zeros, qm.zeros)
         assert torch.equal(dequantize_matrix(back), dequantize_matrix(qm))
     else:
-        assert torch.equal(back.scales.view(torch.uint8), qm.scales.view(torch.uint8))
-        if qm.global_scale is not None:
-            assert torch.equal(back.global_scale, qm.global_scale)
+        # FP4: effective scales (global folded in), rounded once to the compute dtype
+        eff = effective_scales(qm, dtype).double() * 2.0 ** -FP4_SCALE_EXP[dtype]
+        assert torch.equal(back.scales, eff.float())
+        exact = dequantize_matrix(qm).double()
+        approx = unpack_nibbles(back.codes)
+        from w4a16_moe.formats.fp4 import e2m1_decode
+
+        g = qm.scheme.group_size
+        deq = e2m1_decode(approx).double() * back.scales.double().repeat_interleave(g, dim=-1)
+        rel = (deq - exact).abs().max() / exact.abs().max()
+        assert rel < 2.0 ** -8, rel
 
 
 def test_random_codes_bit_exact():
@@ -102,3 +112,51 @@ def test_decode_recipe_matches_fragment():
 def test_nibble_helpers_consistent():
     c = torch.randint(0, 16, (3, 5, 16), dtype=torch.uint8)
     assert torch.equal(unpack_nibbles(pack_nibbles(c)), c)
+
+
+@pytest.mark.parametrize("scheme", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp4_decode_recipe_matches_fragment(scheme, dtype):
+    """The kernel's E2M1 recipe (``_e2m1_pair``: shifts, masks, one packed multiply by the folded
+    scale), emulated bit by bit, reproduces every weight of the fragment, rounded once."""
+    e, n, k = 1, 128, 128
+    qm = _random_int4(e, n, k, scheme, dtype=dtype, seed=5)
+    x, bk = 2, 64
+    p = pack_sm90(qm, m64_per_block=x, k_tile=bk, compute_dtype=dtype)
+    w = dequantize_matrix(qm)[0].double()
+    bf = dtype == torch.bfloat16
+    mag_base, mag_mask = (6, 0x01C001C0) if bf else (9, 0x0E000E00)
+    chunk = p.data[0, 0, 0]
+    words = chunk[: p.code_bytes].view(torch.int32).reshape(x, bk // 64, 128, 4)
+    sc = chunk[p.code_bytes : p.code_bytes + p.scale_bytes].view(dtype).reshape(x, 32, p.gpt, 2)
+
+    def shift(v, s):
+        return (v << s) & 0xFFFFFFFF if s >= 0 else v >> -s
+
+    for xi in range(x):
+        for t in range(0, 128, 5):
+            q = t // 4
+            for j in range(4):
+                word = int(words[xi, 0, t, j]) & 0xFFFFFFFF
+                for i in range(4):
+                    reg = (shift(word, mag_base - 4 * i) & mag_mask) | (shift(word, 12 - 4 * i) & 0x80008000)
+                    for h in range(2):
+                        half = torch.tensor([(reg >> (16 * h)) & 0xFFFF], dtype=torch.int32).to(torch.int16)
+                        raw = half.view(dtype).double()
+                        kk = j * 16
+                        s = sc[xi, q, kk // qm.scheme.group_size, i % 2].double()
+                        got = (raw * s).to(dtype).double()  # one rounding, as mul.rn
+                        row, col = fragment_row_col(torch.tensor(t), torch.tensor(i), torch.tensor(h))
+                        ref = w[64 * xi + int(row), kk + int(col)]
+                        tol = 2.0 ** -7 * abs(float(ref)) + 1e-30
+                        assert abs(float(got) - float(ref)) <= tol, (xi, t, j, i, h, float(got), float(ref))
+
+
+def test_fp4_scale_overflow_is_refused():
+    from w4a16_moe.formats.schemes import get_scheme
+
+    codes = torch.zeros(1, 64, 32, dtype=torch.uint8)
+    scales = torch.full((1, 64, 2), 127 + 3, dtype=torch.uint8)  # 2**3 = 8 >= 4
+    qm = QuantizedMatrix(get_scheme("mxfp4"), codes, scales)
+    with pytest.raises(ValueError, match="effective group scales"):
+        pack_sm90(qm, m64_per_block=1, k_tile=64, compute_dtype=torch.bfloat16)

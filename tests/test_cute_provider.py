@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import w4a16_moe as wm
+from w4a16_moe.kernels.cute import sm90_family as fam
 from w4a16_moe.providers import select_provider
-from w4a16_moe.validate import check_moe_call
+from w4a16_moe.validate import check_masked_call, check_moe_call
 
 from conftest import HAS_CUDA, nrmse, random_routing
 
@@ -20,6 +21,7 @@ SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")]
 
 INT4 = ["int4_g32", "int4_g64", "int4_g128", "int4_g32_zp", "int4_g64_zp", "int4_g128_zp", "int4_channel"]
+FP4 = ["nvfp4", "mxfp4"]
 DTYPES = [torch.bfloat16, torch.float16]
 TOL = 0.02
 
@@ -49,7 +51,7 @@ def _run(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize="determ
     return x, tw, ids, out
 
 
-@pytest.mark.parametrize("scheme", INT4)
+@pytest.mark.parametrize("scheme", INT4 + FP4)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 def test_schemes(scheme, dtype, finalize):
@@ -160,8 +162,80 @@ def test_auto_prefers_cute_and_falls_back():
     tw, ids = random_routing(3, 2, 8, device="cuda")
     assert select_provider(check_moe_call(x, w, tw, ids), "auto").provider == "cute"
     w4 = _weights("nvfp4")
-    d = select_provider(check_moe_call(x, w4, tw, ids), "auto")
-    assert d.provider == "triton" and "FP4" in d.rejected["cute"]
+    assert select_provider(check_moe_call(x, w4, tw, ids), "auto").provider == "cute"
     odd = _weights("int4_g32", h=320, i=160)
     with pytest.raises(wm.ProviderUnavailable, match=r"not a multiple of 256 .*provider cute"):
         wm.fused_moe(torch.randn(3, 320, device="cuda").to(torch.bfloat16), odd, tw, ids, backend="cute")
+
+
+# every candidate tile shape of the tuner (the rule's buckets + deep-pipeline decode shapes), each with
+# split-K off and on (deterministic: partials summed in fixed split order)
+@pytest.mark.parametrize("bucket", range(len(fam.CANDIDATES)))
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("scheme", ["int4_g32", "nvfp4"])
+def test_candidate_tiles_and_split_k(bucket, splits, scheme):
+    w = _weights(scheme, h=1024, i=256, seed=20 + bucket)
+    fam.FORCE.update(bucket=bucket, splits=splits)
+    try:
+        x, tw, ids, out = _run(w, 37, 8, seed=bucket)
+        again = wm.fused_moe(x, w, tw, ids, backend="cute")
+        assert torch.equal(again, out)  # split-K reduction order is fixed
+        _run(w, 37, 8, seed=bucket, finalize="fused")
+    finally:
+        fam.FORCE.clear()
+
+
+def test_batch_invariant_mode(monkeypatch):
+    """W4A16_MOE_BATCH_INVARIANT=1: a token's output does not depend on the rest of the batch."""
+    monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
+    w = _weights("int4_g32", seed=12)
+    x, tw, ids, out = _run(w, 300, 4, seed=12)  # a large-tile bucket
+    part = wm.fused_moe(x[:3].contiguous(), w, tw[:3].contiguous(), ids[:3].contiguous(), backend="cute")
+    assert torch.equal(part, out[:3])  # decode-sized tiles, same bits
+
+
+def _masked_case(w, cap, masked, dtype, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(w.num_experts, cap, w.hidden_size, generator=g).to(dtype).cuda()
+    m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    return x, m
+
+
+@pytest.mark.parametrize("scheme", ["int4_g32", "int4_g128_zp", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
+def test_masked_layout(scheme, dtype, activation):
+    w = _weights(scheme, e=8, activation=activation, dtype=dtype, seed=30)
+    for cap, masked in ((16, [0, 1, 16, 7, 9, 99, -3, 8]), (130, [129, 0, 130, 1, 64, 65, 2, 17])):
+        x, m = _masked_case(w, cap, masked, dtype, seed=cap)
+        call = check_masked_call(x, w, m, activation=activation)
+        assert select_provider(call, "auto").provider == "cute"
+        out = wm.fused_moe_masked(x, w, m, activation=activation, backend="cute")
+        ref = wm.reference_moe_masked(x, w, m, activation=activation)
+        live = torch.zeros(w.num_experts, cap, dtype=torch.bool)
+        for e, v in enumerate(masked):
+            live[e, : max(0, min(v, cap))] = True
+        live = live.cuda()
+        assert torch.isfinite(out).all()
+        assert torch.equal(out[~live], torch.zeros_like(out[~live]))  # rows past masked_m are zeros
+        assert nrmse(out[live], ref[live]) < TOL, (cap, nrmse(out[live], ref[live]))
+        assert torch.equal(out, wm.fused_moe_masked(x, w, m, activation=activation, backend="cute"))
+
+
+def test_masked_cuda_graph():
+    w = _weights("int4_g64", seed=31)
+    cap = 24
+    wm.warmup(w, max_tokens=1, top_k=1, backend="cute", masked_capacity=cap, finalize="deterministic")
+    x, m = _masked_case(w, cap, [3] * 8, torch.bfloat16, seed=31)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = wm.fused_moe_masked(x, w, m, backend="cute")
+    for masked in ([0, 24, 5, 1, 30, 2, 8, 13], [24] * 8):
+        m.copy_(torch.tensor(masked, dtype=torch.int32))
+        x.copy_(torch.randn_like(x.float()).to(x.dtype))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, wm.fused_moe_masked(x, w, m, backend="cute"))
+        ref = wm.reference_moe_masked(x, w, m)
+        assert nrmse(out, ref) < TOL

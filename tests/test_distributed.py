@@ -167,9 +167,11 @@ def _gpu_worker(rank, world, init_file, backend, result_file):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("backend", ["cute", "triton"])
-def test_ep_nccl_matches_one_gpu(backend):
+def test_ep_nccl_matches_one_gpu(backend, monkeypatch):
     if backend == "cute" and torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the CuTe kernels need SM90")
+    # batch-invariant CuTe mode (no split-K in deterministic calls); the spawned ranks inherit it
+    monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
     with tempfile.TemporaryDirectory() as d:
         init, res = os.path.join(d, "init"), os.path.join(d, "res")
         mp.spawn(_gpu_worker, args=(2, init, backend, res), nprocs=2, join=True)
@@ -181,6 +183,6 @@ def test_ep_nccl_matches_one_gpu(backend):
         single = wm.fused_moe(x, full, tw, ids, backend=backend).cpu()
         ref = wm.reference_moe(x, full, tw, ids).cpu()
         assert nrmse(results[r]["det"], ref) < 0.02 and nrmse(results[r]["fused"], ref) < 0.02
-        if backend == "cute":  # batch-invariant deterministic path: exactly the one-GPU result
+        if backend == "cute":  # batch-invariant deterministic mode: exactly the one-GPU result
             assert torch.equal(results[r]["det"], single), f"rank {r}"
         assert "backend 'gloo' cannot move CUDA tensors" in results[r]["wrong_backend"]

@@ -251,8 +251,34 @@ def test_expert_routes_empty():
 # --------------------------------------------------------------------------------------------------
 # route preparation invariants (both implementations)
 # --------------------------------------------------------------------------------------------------
+def test_masked_route_plan():
+    cap, block_m, hidden = 16, 8, 40
+    masked = [0, 3, 20, -1, 7, 16]
+    m = torch.tensor(masked, dtype=torch.int32, device=DEV)
+    out = torch.full((len(masked), cap, hidden), float("nan"), dtype=torch.float16, device=DEV)
+    plan = routing.prepare_masked_routes(m, cap, block_m, out)
+    counts = [max(0, min(v, cap)) for v in masked]
+    starts = [0]
+    blocks = [0]
+    for c in counts:
+        starts.append(starts[-1] + c)
+        blocks.append(blocks[-1] + -(-c // block_m))
+    assert plan.route_start.cpu().tolist() == starts
+    assert plan.block_start.cpu().tolist() == blocks
+    got = plan.sorted_routes[: starts[-1]].cpu().tolist()
+    assert got == [e * cap + r for e, c in enumerate(counts) for r in range(c)]
+    o = out.cpu()
+    for e, c in enumerate(counts):
+        assert torch.isnan(o[e, :c]).all()  # live rows are left to the GEMMs
+        assert (o[e, c:] == 0).all()  # rows past masked_m are zeros
+
+
+
 def _check_plan(ids: torch.Tensor, experts: int, offset: int, block_m: int) -> None:
-    plan = routing.prepare_routes(ids.contiguous(), experts, offset, block_m)
+    junk = torch.full((1 << 16,), -7, dtype=torch.int32, device=ids.device)  # likely reused by the plan's ws
+    del junk
+    plan = routing.prepare_routes(ids.contiguous(), experts, offset, block_m, zeroed=37)
+    assert plan.zeroed.shape == (37,) and (plan.zeroed == 0).all()
     flat = ids.reshape(-1).long().cpu()
     local = flat - offset
     valid = (local >= 0) & (local < experts)
@@ -396,8 +422,12 @@ for arch in (90, 80):
             n += 2
     ids = dict(ids_ptr="*i64", num_routes="i32", expert_offset="i32", num_experts="i32")
     build(rt._route_prep_single_kernel, dict(ids, counts_ptr="*i32", cursor_ptr="*i32", sorted_ptr="*i32",
-          route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
+          route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32",
+          zero_ptr="*i32", num_zero="i32"),
           dict(BLOCK_M=16, E_PAD=512, CHUNK=1024, J_CHUNK=8), arch)
+    build(rt._masked_prep_kernel, dict(masked_m_ptr="*i32", cap="i32", num_experts="i32", sorted_ptr="*i32",
+          route_start_ptr="*i32", block_start_ptr="*i32", out_ptr="*bf16", H="i32"),
+          dict(BLOCK_M=8, BLOCK_E=32, ROWS=16, BLOCK_H=1024), arch)
     build(rt._route_count_kernel, dict(ids, counts_ptr="*i32"), dict(CHUNK=1024), arch)
     build(rt._route_scan_kernel, dict(counts_ptr="*i32", num_experts="i32", cursor_ptr="*i32",
           route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
@@ -407,7 +437,7 @@ for arch in (90, 80):
         build(fz._finalize_kernel, dict(ybuf_ptr="*bf16", topk_w_ptr="*fp32", ids_ptr="*i32", valid_ptr="*u8",
               out_ptr="*bf16", H="i32", num_experts="i32", expert_offset="i32"),
               dict(TOPK=8, FROM_MASK=from_mask, BLOCK_H=1024), arch)
-    n += 6
+    n += 7
 print("compiled", n)
 """
 

@@ -1,4 +1,4 @@
-"""``python -m w4a16_moe [demo|doctor|bench|bench-ep|tune|aot] ...`` (``demo`` when no command is given)."""
+"""``python -m w4a16_moe [demo|doctor|bench|bench-ep|tune|profile|aot] ...`` (``demo`` when no command is given)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ def main(argv=None) -> int:
         from .bench.ep import main as run
     elif cmd == "tune":
         from .bench.tune import main as run
+    elif cmd == "profile":
+        from .bench.profile import main as run
     elif cmd == "aot":
         from .aot import main as run
     else:
-        print(f"unknown command {cmd!r}; commands: demo, doctor, bench, bench-ep, tune, aot", file=sys.stderr)
+        print(f"unknown command {cmd!r}; commands: demo, doctor, bench, bench-ep, tune, profile, aot", file=sys.stderr)
         return 2
     return run(argv)
 

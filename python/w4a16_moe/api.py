@@ -149,13 +149,14 @@ def _warmup_token_counts(num_experts: int, top_k: int, max_tokens: int) -> list[
 def warmup(
     weights: MoEWeights, *, dtype: torch.dtype = torch.bfloat16, activation: str = "swiglu", top_k: int = 8,
     max_tokens: int = 8192, finalize: tuple = ("deterministic", "fused"), expert_offset: int = 0,
-    backend: str = "auto",
+    backend: str = "auto", masked_capacity: Optional[int] = None,
 ) -> list[int]:
     """Compile / load every kernel and pack ``weights`` for calls of 1..``max_tokens`` tokens.
 
     Call it before capturing ``fused_moe`` in a CUDA graph: a first use inside capture (kernel module
     load, weight packing) raises instead of corrupting the capture. Runs real calls on synthetic inputs
     for token counts that reach every tile configuration; returns those token counts.
+    ``masked_capacity``: also warm up :func:`fused_moe_masked` for ``x [E, masked_capacity, H]``.
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
@@ -186,6 +187,12 @@ def warmup(
         for fin in finalize:
             fused_moe(x, weights, tw, ids, activation=activation, finalize=fin, expert_offset=expert_offset,
                       backend=backend)
+    if masked_capacity is not None:
+        if not isinstance(masked_capacity, int) or masked_capacity < 1:
+            raise ValueError(f"masked_capacity: expected a positive int, got {masked_capacity!r}")
+        xm = torch.zeros(e, masked_capacity, weights.hidden_size, dtype=dtype, device=dev)
+        mm = torch.full((e,), masked_capacity, dtype=torch.int32, device=dev)
+        fused_moe_masked(xm, weights, mm, activation=activation, backend=backend)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return tokens

@@ -14,8 +14,9 @@ outputs of its own tokens:
    (``finalize="fused"``, less traffic);
 3. the source rank combines: deterministic mode puts the per-route outputs back in ``[T, k, H]`` and sums
    them in FP32 in fixed top-k order with the same code the single-GPU path uses, so the result is
-   bit-identical run to run and equal to one process running all experts; fused mode adds the partial
-   sums in rank order.
+   bit-identical run to run; with the CuTe provider in batch-invariant mode
+   (``W4A16_MOE_BATCH_INVARIANT=1``: no split-K in deterministic calls) it also equals one process
+   running all experts bit for bit. Fused mode adds the partial sums in rank order.
 
 Tensor parallelism (:func:`tp_moe`): every rank holds all experts with a slice of the intermediate
 dimension (:func:`shard_intermediate`; the Kimi-K2 TP8 shard ``I=256`` is one such slice), computes its

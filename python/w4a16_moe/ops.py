@@ -106,10 +106,14 @@ def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_
         from .reference import reference_moe_masked
 
         out.copy_(reference_moe_masked(x, weights, masked_m, activation=activation))
-    else:  # the CuTe kernels do not cover the masked layout (providers.select_provider never picks them)
+    elif decision.provider == "triton":
         from .kernels.triton.moe import triton_fused_moe_masked
 
         triton_fused_moe_masked(x, weights, masked_m, activation=activation, out=out)
+    else:
+        from .kernels.cute.provider import cute_fused_moe_masked
+
+        cute_fused_moe_masked(x, weights, masked_m, activation=call.activation.name, out=out)
     return out
 
 

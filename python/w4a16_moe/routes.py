@@ -2,8 +2,9 @@
 
 :func:`w4a16_moe.fused_moe` with ``finalize="deterministic"`` is, for every provider, the composition
 ``combine_routes(expert_routes(...))``. The expert-parallel layer (:mod:`w4a16_moe.distributed`) runs the
-two halves on different ranks; because both halves are the provider's own code, the result equals the
-single-process one bit for bit.
+two halves on different ranks; both halves are the provider's own code, so for the same per-rank shapes the
+results are bit-identical, and with a batch-invariant provider (CuTe with ``W4A16_MOE_BATCH_INVARIANT=1``)
+they equal the single-process result bit for bit.
 """
 
 from __future__ import annotations

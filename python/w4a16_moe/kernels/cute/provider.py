@@ -26,7 +26,8 @@ import torch
 from ...device import DeviceInfo
 from . import sm90_family as fam
 
-__all__ = ["unavailable_reason", "cute_fused_moe", "cute_expert_routes", "cute_warmup"]
+__all__ = ["unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked", "cute_expert_routes", "cute_warmup",
+           "batch_invariant"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -62,11 +63,7 @@ def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
         return f"device {info.type} is not a CUDA GPU"
     if info.capability[0] != 9:
         return f"no CuTe kernel family for {info.arch} (the SM90 family needs compute capability 9.x)"
-    if isinstance(call, MaskedCall):
-        return "the masked (DeepEP low-latency) layout is not implemented by the CuTe kernels yet"
     sch = get_scheme(call.scheme)
-    if sch.kind != "int4":
-        return f"scheme {sch.name}: FP4 decoding is not implemented by the CuTe kernels yet"
     if call.dtype not in _DTYPES:
         return f"dtype {call.dtype} is not bfloat16 or float16"
     h, i = call.hidden, call.intermediate
@@ -78,10 +75,29 @@ def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
             return f"{name}: reduction size {k} is not a multiple of 128 (scheme {sch.name}, provider cute)"
     if call.activation.gated and i % 128:
         return f"w13: intermediate size {i} is not a multiple of 128 (gated, provider cute)"
+    if isinstance(call, MaskedCall):
+        tn = _masked_tiles(call.experts, call.capacity)["tokens_per_tile"]
+        if call.experts * -(-call.capacity // tn) > fam.MAX_GRID_Y:
+            return f"{call.experts} experts x capacity {call.capacity} exceed one launch's grid (provider cute)"
+        return _kernels_available(info.arch)
     tiles, _ = fam.choose(call.tokens, call.top_k, call.experts, h, i, sch.name, _DTYPES[call.dtype], info.name)
     if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.MAX_GRID_Y:
         return f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
     return _kernels_available(info.arch)
+
+
+def _masked_tiles(num_experts: int, capacity: int) -> dict:
+    """Tiles of a masked call: sized for ``capacity`` rows per expert (the only host-known bound)."""
+    return fam.select_tiles(num_experts * capacity, num_experts)
+
+
+def batch_invariant() -> bool:
+    """``W4A16_MOE_BATCH_INVARIANT=1``: deterministic calls never split K, so a route's result does not
+    depend on the batch it came in (what lets expert parallelism reproduce one GPU bit for bit), at the
+    cost of small-batch speed. Default: split-K allowed (still bit-identical run to run)."""
+    import os
+
+    return os.environ.get("W4A16_MOE_BATCH_INVARIANT", "0") not in ("", "0")
 
 
 def _max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
@@ -129,7 +145,8 @@ def _launch(cfg, packed, act, out, plan, topk_weights, num_experts, n, k, num_ro
         cols = 64 * cfg.m64_per_block
         tiles = (n // cols) * max_tiles
         ws = torch.empty(tiles * splits * cfg.tokens_per_tile * cols, dtype=torch.float32, device=dev)
-        counters = torch.zeros(tiles, dtype=torch.int32, device=dev)
+        counters = plan.zeroed  # zeroed by the route preparation; the kernel re-arms what it used
+        assert counters is not None and counters.numel() >= tiles
     else:
         ws = counters = plan.route_start  # never read when num_splits == 1
     (kernel or _kernel(cfg))(
@@ -171,18 +188,25 @@ def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: s
     _check_capture(weights, (up, down), x.dtype)
     p13 = _packed(weights, "w13", up, x.dtype)
     p2 = _packed(weights, "w2", down, x.dtype)
-    plan = prepare_routes(ids, e, expert_offset, up.tokens_per_tile)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
     n13 = weights.w13.n
-    hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
-    if finalize == "deterministic":
+    if finalize == "deterministic" and batch_invariant():
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
-        # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit
+        # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
+        # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
     split_up = fam.num_splits(n13, h, up, r, e) if splits is None else min(splits, h // up.k_tile)
-    _launch(up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, split_up)
     split_down = fam.num_splits(h, i, down, r, e) if splits is None else min(splits, i // down.k_tile)
+    # split-K tile counters: zeroed by the route preparation (both GEMMs re-arm what they use)
+    counters = max(_counter_tiles(up, n13, max_tiles, split_up), _counter_tiles(down, h, max_tiles, split_down))
+    plan = prepare_routes(ids, e, expert_offset, up.tokens_per_tile, zeroed=counters)
+    hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
+    _launch(up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, split_up)
     return hbuf, plan, down, p2, max_tiles, split_down
+
+
+def _counter_tiles(cfg, n: int, max_tiles: int, splits: int) -> int:
+    return (n // (64 * cfg.m64_per_block)) * max_tiles if splits > 1 else 0
 
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
@@ -206,6 +230,40 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
         acc = torch.zeros(tokens, h, dtype=torch.float32, device=x.device)
         _launch(down, p2, hbuf, acc, plan, tw, e, h, i, r, top_k, max_tiles, splits)
         out.copy_(acc)
+
+
+def cute_fused_moe_masked(x, weights, masked_m, *, activation: str, out) -> None:
+    """Masked (DeepEP low-latency) MoE into ``out``; arguments already validated.
+
+    ``x [E, cap, H]`` contiguous, ``masked_m [E]`` int32 on the GPU, ``out`` like ``x``:
+    ``out[e, r] = mlp_e(x[e, r])`` (unweighted) for ``r < clamp(masked_m[e], 0, cap)``, zeros elsewhere.
+    The same two grouped GEMMs as the routed path with ``top_k = 1`` and the flat rows ``e*cap + r``
+    as routes (the down GEMM's ``y`` epilogue writes them in place); no finalize pass.
+    """
+    from ..triton.routing import prepare_masked_routes
+
+    e, cap, h = x.shape
+    if e == 0 or cap == 0:
+        return
+    i = weights.intermediate_size
+    dt = _DTYPES[x.dtype]
+    up, down = fam.gemm_configs(weights.scheme, dt, activation, weights.gated, "deterministic", _masked_tiles(e, cap))
+    _check_capture(weights, (up, down), x.dtype)
+    p13 = _packed(weights, "w13", up, x.dtype)
+    p2 = _packed(weights, "w2", down, x.dtype)
+    tn = up.tokens_per_tile
+    r = e * cap
+    max_tiles = e * -(-cap // tn)
+    n13 = weights.w13.n
+    inv = batch_invariant()
+    split_up = 1 if inv else fam.num_splits(n13, h, up, r, e)
+    split_down = 1 if inv else fam.num_splits(h, i, down, r, e)
+    counters = max(_counter_tiles(up, n13, max_tiles, split_up), _counter_tiles(down, h, max_tiles, split_down))
+    plan = prepare_masked_routes(masked_m.contiguous(), cap, tn, out, zeroed=counters)
+    hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
+    dummy_w = plan.route_start  # read only by the atomic epilogue
+    _launch(up, p13, x.view(r, h), hbuf, plan, dummy_w, e, n13, h, r, 1, max_tiles, split_up)
+    _launch(down, p2, hbuf, out.view(r, h), plan, dummy_w, e, h, i, r, 1, max_tiles, split_down)
 
 
 def cute_expert_routes(x, weights, local_ids, *, activation: str):

@@ -38,6 +38,7 @@ class Sm90GemmConfig:
     stages: int = 4
     activation: str = "swiglu"  # gate_up only
     zero_point: bool = False
+    fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; scales pre-multiplied at pack time, see sm90_pack)
     epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
     consumer_wgs: int = 1
     schedule: str = "overlap"  # "overlap" | "serial"
@@ -60,7 +61,7 @@ class Sm90GemmConfig:
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)
         act = ("_" + self.activation) if self.mode == "gate_up" else ""
-        zp = "zp" if self.zero_point else ""
+        zp = ("zp" if self.zero_point else "") + ("f4" if self.fp4 else "")
         sch = ("" if self.schedule == "overlap" else "_ser") + ("_mr" if self.setmaxnreg else "")
         sch += f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else ""
         return (

@@ -19,9 +19,12 @@ r > 64                 128   4   64   3       2     overlap      prefill: two co
 
 ``r = cdiv(T * k, min(E, T * k))`` (an upper bound under expert parallelism, where most routes belong
 to other ranks). The table comes from the first H200 sweep of the kernel bundle (``docs/perf/``); split-K
-(``num_splits``, a runtime argument) is used when the grid would not fill the GPU twice.
+(``num_splits``, a runtime argument) is used when the grid would not fill the GPU twice, in both finalize
+modes: the partials are summed in fixed split order, so deterministic calls stay bit-identical run to run
+(``W4A16_MOE_BATCH_INVARIANT=1`` turns split-K off for batch invariance). ``EXTRA_TILES`` are further
+shapes (deeper weight pipelines for decode-sized batches) that only the tuner selects.
 
-A tuner (``python -m w4a16_moe tune``) measures every bucket and split choice on a workload and stores the
+A tuner (``python -m w4a16_moe tune``) measures every candidate (``CANDIDATES``) and split choice on a workload and stores the
 best per token count in ``tuned_sm90.json`` keyed by GPU name and layer shape (with the versions it was
 measured with); :func:`choose` prefers those entries and falls back to the rule above. This module only
 selects among compiled kernels, so it is not part of the kernels' source hash.
@@ -51,6 +54,26 @@ TILES = (
     (64, dict(tokens_per_tile=64, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1)),
     (None, dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2)),
 )
+
+# Extra tile shapes the tuner measures beside the rule's buckets (deep weight pipelines for decode-sized
+# batches: more bytes in flight per CTA). ``CANDIDATES`` = the rule's buckets, then these; tuned-table rows
+# and ``FORCE["bucket"]`` index into it.
+EXTRA_TILES = (
+    dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
+    dict(tokens_per_tile=16, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=6, consumer_wgs=1, schedule="serial"),
+    # the same, with 256 weight rows per CTA in the down GEMM: a short reduction (K = I, e.g. 256 in a TP
+    # shard) leaves each CTA only a few K tiles, so fewer, larger CTAs amortize their start-up
+    dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4,
+         down_m64_per_block=4, down_min_ctas_per_sm=2),
+    dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2,
+         down_m64_per_block=4, down_k_tile=64, down_stages=4),
+    dict(tokens_per_tile=16, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=3,
+         down_m64_per_block=4, down_min_ctas_per_sm=2),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_m64_per_block=4),
+)
+CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
@@ -101,10 +124,12 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
 
 @functools.lru_cache(maxsize=4096)
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
-    tiles = dict(tiles_items)
-    common = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
-    up = kernel_config(mode="gate_up", activation=activation, **common)
-    down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **common)
+    tiles = {k: v for k, v in tiles_items if not k.startswith("down_")}
+    down_tiles = dict(tiles, **{k[5:]: v for k, v in tiles_items if k.startswith("down_")})
+    base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
+    up = kernel_config(mode="gate_up", activation=activation, **base, **tiles)
+    down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **base,
+                         **down_tiles)
     return up, down
 
 
@@ -131,14 +156,14 @@ def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate:
     """``(tiles, splits or None)`` for a call: tuner override, then the tuned table (largest measured token
     count <= ``tokens``), then the routes-per-expert rule. ``splits`` None means :func:`num_splits`."""
     if FORCE:
-        return dict(TILES[FORCE["bucket"]][1]), FORCE.get("splits")
+        return dict(CANDIDATES[FORCE["bucket"]]), FORCE.get("splits")
     rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     if rows:
         best = None
         for t, bucket, splits in rows:  # sorted by t
             if t <= tokens or best is None:
                 best = (bucket, splits)
-        return dict(TILES[best[0]][1]), best[1]
+        return dict(CANDIDATES[best[0]]), best[1]
     return select_tiles(tokens * top_k, num_experts), None
 
 
@@ -158,15 +183,22 @@ def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
     return max(1, min(8, k_tiles, (2 * SM_COUNT) // ctas))
 
 
+def selectable_tiles() -> list:
+    """The tile shapes a call can select: the rule's buckets plus every candidate the tuned table uses."""
+    used = {b for rows in _tuned_table().values() for _, b, _ in rows}
+    return [t for _, t in TILES] + [CANDIDATES[b] for b in sorted(used) if b >= len(TILES)]
+
+
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
              tiles: Optional[Iterable[dict]] = None) -> list:
-    """Every spec the provider can select for the given schemes (default: all it supports)."""
+    """Every spec the provider can select for the given schemes (default: every scheme, and the tile
+    shapes of :func:`selectable_tiles`)."""
     from ...formats.schemes import SCHEMES
 
     if schemes is None:
-        schemes = [s for s in SCHEMES.values() if s.kind == "int4"]
-    tiles = list(tiles) if tiles is not None else [t for _, t in TILES]
+        schemes = list(SCHEMES.values())
+    tiles = list(tiles) if tiles is not None else selectable_tiles()
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:

@@ -97,8 +97,10 @@ class Sm90W4A16GroupedGemm:
             raise ValueError(f"mode {c.mode!r}")
         if c.dtype not in ("bf16", "fp16"):
             raise ValueError(f"dtype {c.dtype!r}")
-        if c.k_tile % 64 or c.k_tile <= 0:
-            raise ValueError("k_tile must be a multiple of 64")
+        if c.k_tile not in (64, 128):
+            # the activation gather gives each producer thread rows r0 + j * (128 // (BK / 8)), which
+            # must keep r0 % 8 (its swizzle phase) fixed: BK <= 128
+            raise ValueError("k_tile must be 64 or 128")
         if c.tokens_per_tile % 8 or not 8 <= c.tokens_per_tile <= 256:
             raise ValueError("tokens_per_tile must be a multiple of 8 in [8, 256]")
         if c.consumer_wgs not in (1, 2) or c.m64_per_block % c.consumer_wgs:
@@ -119,6 +121,12 @@ class Sm90W4A16GroupedGemm:
         g = c.group
         if g and not (c.k_tile % g == 0 or g % c.k_tile == 0):
             raise ValueError("group and k_tile: one must divide the other")
+        if g and g % 16:
+            raise ValueError("group must be a multiple of 16 (or 0 = per channel)")
+        if c.fp4 and c.zero_point:
+            raise ValueError("FP4 (E2M1) weights have no zero points")
+        if g and c.k_tile // g > 16:
+            raise ValueError("at most 16 scale groups per K tile")
         self.cfg = c
         self.is_bf16 = c.dtype == "bf16"
         self.ab_dtype = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
@@ -397,7 +405,12 @@ class Sm90W4A16GroupedGemm:
 
     @cute.jit
     def _lds_words(self, addr, nwords: cutlass.Constexpr):
-        if const_expr(nwords == 4):
+        if const_expr(nwords > 4):
+            words = ()
+            for v in cutlass.range_constexpr(nwords // 4):
+                words = words + tuple(ptx.ld_shared_v4(addr + 16 * v))
+            return words
+        elif const_expr(nwords == 4):
             return ptx.ld_shared_v4(addr)
         elif const_expr(nwords == 2):
             return ptx.ld_shared_v2(addr)
@@ -414,17 +427,37 @@ class Sm90W4A16GroupedGemm:
         sym = Int32(ptx._u32(self.sym_bias))
         for xl in cutlass.range_constexpr(self.XW):
             word = raw[xl][kb // 4][kb % 4]
-            for i in cutlass.range_constexpr(4):
-                rh = i % 2
-                src = word if i == 0 else (word >> (4 * i))
-                t = ptx.lop3_and_or(src, 0x000F000F, magic)
-                if const_expr(self.cfg.zero_point):
-                    bias = b_lo[xl][gi] if rh == 0 else b_hi[xl][gi]
-                else:
-                    bias = sym
-                t = ptx.packed_add(t, bias, self.is_bf16)
-                t = ptx.packed_mul(t, s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
-                frag[(0, rh, i // 2), xl, kb] = t
+            if const_expr(self.cfg.fp4):
+                for i in cutlass.range_constexpr(4):
+                    rh = i % 2
+                    frag[(0, rh, i // 2), xl, kb] = ptx.packed_mul(
+                        self._e2m1_pair(word, i), s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
+            else:
+                for i in cutlass.range_constexpr(4):
+                    rh = i % 2
+                    src = word if i == 0 else (word >> (4 * i))
+                    t = ptx.lop3_and_or(src, 0x000F000F, magic)
+                    if const_expr(self.cfg.zero_point):
+                        bias = b_lo[xl][gi] if rh == 0 else b_hi[xl][gi]
+                    else:
+                        bias = sym
+                    t = ptx.packed_add(t, bias, self.is_bf16)
+                    t = ptx.packed_mul(t, s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
+                    frag[(0, rh, i // 2), xl, kb] = t
+
+    @cute.jit
+    def _e2m1_pair(self, word, i: cutlass.Constexpr):
+        """The E2M1 codes of nibbles ``i`` (lo) and ``i + 4`` (hi) of ``word`` as a raw 16-bit pair whose
+        value is ``e2m1 * 2**-14`` (fp16) or ``e2m1 * 2**-126`` (bf16): the three magnitude bits land on
+        the lowest exponent bits and the top mantissa bit (exact, subnormals included), the sign bit on
+        bit 15. The pack folds ``2**14`` / ``2**126`` into the scales."""
+        mag_shift = (9 if not self.is_bf16 else 6) - 4 * i  # nibble bit 0 -> bit 9 (fp16) / 6 (bf16)
+        mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
+        sgn_shift = 12 - 4 * i  # nibble bit 3 -> bit 15
+        sgn = (word << sgn_shift) if sgn_shift > 0 else word
+        sgn = sgn & Int32(ptx._u32(0x80008000))
+        mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
+        return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     @cute.jit
     def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, nk):

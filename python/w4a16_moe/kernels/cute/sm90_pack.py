@@ -32,7 +32,7 @@ gives the exact packed values ``magic + code``; one packed subtract of ``magic +
 symmetric) or of ``magic + zero`` (INT4 with zero point, stored per group below) and one packed
 multiply by the group scale yield ``R_i`` ready for WGMMA. In bytes (little endian) the word is
 ``[R0.lo|R1.lo<<4, R2.lo|R3.lo<<4, R0.hi|R1.hi<<4, R2.hi|R3.hi<<4]``. The same nibble placement
-serves E2M1 (FP4) codes, decoded by a small lookup instead of the magic trick.
+serves E2M1 (FP4) codes, decoded with shifts and masks instead (see FP4 below).
 
 Packed tensor
 -------------
@@ -55,9 +55,15 @@ K tiles (``BK`` = ``k_tile``, a multiple of 64). One chunk = everything one CTA 
   multiply by its lo half, ``R_1, R_3`` by its hi half (bf16x2/f16x2 operand broadcast). A thread
   reads its ``GPT`` words with one 4/8/16-byte load.
 * INT4 scales are stored in the compute dtype (the activations' bf16/fp16; converted here, exact
-  when the canonical scales already have that dtype). NVFP4 stores raw E4M3 bytes (``g = 16``),
-  MXFP4 raw E8M0 bytes (``g = 32``); NVFP4's per-row FP32 ``global_scale`` stays outside the chunk
-  (``global_scale`` attribute, ``[E, N]`` in packed row order) for the epilogue.
+  when the canonical scales already have that dtype).
+* FP4 (NVFP4 ``g = 16``, MXFP4 ``g = 32``) stores *effective* scales in the compute dtype:
+  ``e4m3 * global_scale`` (NVFP4) or ``2**(e8m0 - 127)`` (MXFP4), times ``2**14`` (fp16) or
+  ``2**126`` (bf16), rounded once to the compute dtype (relative error <= 2**-9 in bf16, the same
+  rounding the INT4 path applies to every dequantized weight). The kernel decodes an E2M1 code
+  into a raw 16-bit value ``e2m1 * 2**-14`` / ``e2m1 * 2**-126`` (magnitude bits on the lowest
+  exponent bits, exact, subnormals included), so one packed multiply yields ``e2m1 * scale``.
+  An effective scale of 4 or more (weights up to 24 in magnitude) would overflow the folded
+  factor: :func:`pack_sm90` raises then, naming the matrix.
 * Zero-point schemes append ``biases``: ``-(magic + zero)`` in the compute dtype (exact), the
   packed addend that turns ``magic + code`` into ``code - zero``.
 
@@ -81,9 +87,12 @@ import torch
 from ...formats.schemes import Scheme
 from ...formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
 
-__all__ = ["Sm90PackedMatrix", "pack_sm90", "unpack_sm90", "fragment_row_col", "groups_per_tile"]
+__all__ = ["Sm90PackedMatrix", "pack_sm90", "unpack_sm90", "effective_scales", "fragment_row_col", "groups_per_tile",
+           "FP4_SCALE_EXP"]
 
 _MAGIC = {torch.bfloat16: 128.0, torch.float16: 1024.0}
+#: log2 of the factor folded into FP4 scales (see the module docstring)
+FP4_SCALE_EXP = {torch.bfloat16: 126, torch.float16: 14}
 
 
 def fragment_row_col(t: torch.Tensor, i: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,7 +121,6 @@ class Sm90PackedMatrix:
     k_tile: int  # BK
     compute_dtype: torch.dtype
     interleave_gate_up: bool
-    global_scale: Optional[torch.Tensor] = None  # NVFP4: fp32 [E, N] in packed row order
 
     @property
     def num_experts(self) -> int:
@@ -143,12 +151,8 @@ class Sm90PackedMatrix:
         return self.m64_per_block * (self.k_tile // 64) * 2048
 
     @property
-    def scale_elem_bytes(self) -> int:
-        return 2 if self.scheme.kind == "int4" else 1
-
-    @property
     def scale_bytes(self) -> int:
-        return self.m64_per_block * 32 * self.gpt * 2 * self.scale_elem_bytes
+        return self.m64_per_block * 32 * self.gpt * 2 * 2
 
     @property
     def bias_bytes(self) -> int:
@@ -239,14 +243,7 @@ def pack_sm90(
     nb_n, kt_n, c_n = n // (64 * x), k // bk, bk // 64
     order = _row_order(n, x, interleave_gate_up).to(qm.codes.device)
     idx = _code_index().to(qm.codes.device).reshape(-1)
-    if sch.kind == "int4":
-        scales = qm.scales.to(compute_dtype)
-        if not torch.isfinite(scales.float()).all():
-            raise ValueError(f"scales overflow {compute_dtype}")
-        scale_u8 = None
-    else:
-        scales = None
-        scale_u8 = qm.scales.view(torch.uint8) if qm.scales.dtype != torch.uint8 else qm.scales
+    scales = effective_scales(qm, compute_dtype)
     chunks = []
     for e0 in range(0, e_n, experts_per_pass):
         e1 = min(e_n, e0 + experts_per_pass)
@@ -258,30 +255,48 @@ def pack_sm90(
         nib = nib.permute(0, 1, 2, 3, 4, 6, 5, 7)  # [.., X, C, t, j, p]
         code_bytes = pack_nibbles(nib).reshape(ne, nb_n, kt_n, -1)  # nibble p=2b lo, 2b+1 hi of byte b
         parts = [code_bytes]
-        if scales is not None:
-            rec = _scale_records(scales[e0:e1][:, order], x, bk, g, k)
-            parts.append(rec.reshape(ne, nb_n, kt_n, -1).view(torch.uint8))
-            if sch.zero_point:
-                bias = -(qm.zeros[e0:e1][:, order].float() + _MAGIC[compute_dtype])
-                brec = _scale_records(bias.to(compute_dtype), x, bk, g, k)
-                parts.append(brec.reshape(ne, nb_n, kt_n, -1).view(torch.uint8))
-        else:
-            rec = _scale_records(scale_u8[e0:e1][:, order], x, bk, g, k)
-            parts.append(rec.reshape(ne, nb_n, kt_n, -1))
+        rec = _scale_records(scales[e0:e1][:, order], x, bk, g, k)
+        parts.append(rec.reshape(ne, nb_n, kt_n, -1).view(torch.uint8))
+        if sch.zero_point:
+            bias = -(qm.zeros[e0:e1][:, order].float() + _MAGIC[compute_dtype])
+            brec = _scale_records(bias.to(compute_dtype), x, bk, g, k)
+            parts.append(brec.reshape(ne, nb_n, kt_n, -1).view(torch.uint8))
         chunks.append(torch.cat(parts, dim=-1))
     data = torch.cat(chunks, dim=0).contiguous()
     assert data.shape[-1] % 16 == 0
-    gs = None
-    if qm.global_scale is not None:
-        gs = qm.global_scale[:, order].contiguous()
-    return Sm90PackedMatrix(sch, data, n, k, g, x, bk, compute_dtype, interleave_gate_up, gs)
+    return Sm90PackedMatrix(sch, data, n, k, g, x, bk, compute_dtype, interleave_gate_up)
+
+
+def effective_scales(qm: QuantizedMatrix, compute_dtype: torch.dtype, name: str = "weights") -> torch.Tensor:
+    """The per-group scales the kernel multiplies by, in ``compute_dtype`` ``[E, N, K/g]``: INT4 scales
+    converted; FP4 ``(e4m3 * global | 2**(e8m0-127)) * 2**FP4_SCALE_EXP`` (see the module docstring).
+    Raises ValueError when a value does not fit the compute dtype."""
+    from ...formats.fp4 import e4m3_decode, e8m0_decode
+
+    kind = qm.scheme.kind
+    if kind == "int4":
+        out = qm.scales.to(compute_dtype)
+        what = "scales"
+    else:
+        if kind == "nvfp4":
+            eff = e4m3_decode(qm.scales).double() * qm.global_scale.double()[:, :, None]
+        else:
+            eff = e8m0_decode(qm.scales).double()
+        if torch.isnan(eff).any():
+            raise ValueError(f"{name}: {qm.scheme.name} scales hold NaN (E8M0 255 / E4M3 NaN)")
+        out = (eff * 2.0 ** FP4_SCALE_EXP[compute_dtype]).to(compute_dtype)
+        what = f"{qm.scheme.name} effective group scales (must be < 4 in magnitude for the CuTe kernels)"
+    if not torch.isfinite(out.float()).all():
+        raise ValueError(f"{name}: {what} overflow {compute_dtype}")
+    return out
 
 
 def unpack_sm90(p: Sm90PackedMatrix) -> QuantizedMatrix:
     """Invert :func:`pack_sm90` from the documented fragment mapping.
 
-    Returns a canonical :class:`QuantizedMatrix` (original row order); INT4 scales come back in the
-    compute dtype, FP4 scales in their canonical dtypes.
+    Returns a :class:`QuantizedMatrix` in the original row order: codes exactly; INT4 scales in the
+    compute dtype; FP4 scales as the FP32 effective scales (``e4m3 * global`` / ``2**(e8m0-127)``,
+    rounded to the compute dtype, the ``2**FP4_SCALE_EXP`` factor removed) and no global scale.
     """
     x, bk, g = p.m64_per_block, p.k_tile, p.group
     e_n, nb_n, kt_n, chunk = p.data.shape
@@ -326,17 +341,13 @@ def unpack_sm90(p: Sm90PackedMatrix) -> QuantizedMatrix:
     inv = torch.empty_like(order)
     inv[order] = torch.arange(n, device=dev)
     zeros = None
-    gs = None
+    scales = records(cb, sb, p.compute_dtype)
     if p.scheme.kind == "int4":
-        scales = records(cb, sb, p.compute_dtype)
         if p.scheme.zero_point:
             bias = records(cb + sb, sb, p.compute_dtype)
             zeros = (-bias.float() - _MAGIC[p.compute_dtype]).round().to(torch.uint8)[:, inv].contiguous()
     else:
-        scales = records(cb, sb, torch.uint8)
-        if p.scheme.kind == "nvfp4":
-            scales = scales.view(torch.float8_e4m3fn)
-            gs = p.global_scale[:, inv].contiguous()
+        scales = (scales.double() * 2.0 ** -FP4_SCALE_EXP[p.compute_dtype]).float()
     return QuantizedMatrix(
-        p.scheme, pack_nibbles(codes[:, inv]).contiguous(), scales[:, inv].contiguous(), zeros, gs
+        p.scheme, pack_nibbles(codes[:, inv]).contiguous(), scales[:, inv].contiguous(), zeros, None
     )

@@ -33,12 +33,13 @@ arbitrary, which is harmless: every GEMM row is computed independently of its ne
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["RoutePlan", "prepare_routes", "num_row_blocks", "SMALL_ROUTES"]
+__all__ = ["RoutePlan", "prepare_routes", "prepare_masked_routes", "num_row_blocks", "SMALL_ROUTES"]
 
 # Routes up to which the single-program preparation kernel is used (one launch instead of four).
 SMALL_ROUTES = 4096
@@ -57,6 +58,7 @@ class RoutePlan:
     block_info: torch.Tensor
     num_blocks: int
     block_m: int
+    zeroed: Optional[torch.Tensor] = None  # int32 [n] zeroed by the preparation (``zeroed=n``), else None
 
 
 def num_row_blocks(num_routes: int, num_experts: int, block_m: int) -> int:
@@ -130,14 +132,20 @@ def _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, cur
 # --------------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["num_routes", "expert_offset", "num_blocks"])
+@triton.jit(do_not_specialize=["num_routes", "expert_offset", "num_blocks", "num_zero"])
 def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, counts_ptr, cursor_ptr,
                               sorted_ptr, route_start_ptr, block_start_ptr, block_info_ptr, num_blocks,
+                              zero_ptr, num_zero,
                               BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                               J_CHUNK: tl.constexpr):
     """Whole preparation in one program. ``tl.debug_barrier`` (bar.sync) orders the phases' global
     memory traffic inside the CTA; counts and cursors are only ever written and read with atomics
-    (performed at L2), so no thread can see a stale L1 line."""
+    (performed at L2), so no thread can see a stale L1 line. Also zeroes ``zero_ptr[:num_zero]``."""
+    zstart = 0
+    while zstart < num_zero:
+        zoffs = zstart + tl.arange(0, CHUNK)
+        zstart += CHUNK
+        tl.store(zero_ptr + zoffs, tl.zeros([CHUNK], tl.int32), mask=zoffs < num_zero)
     lane = tl.arange(0, E_PAD)
     tl.atomic_xchg(counts_ptr + lane, tl.zeros([E_PAD], tl.int32), mask=lane < num_experts, sem="relaxed")
     tl.debug_barrier()
@@ -192,18 +200,22 @@ def _route_scatter_kernel(ids_ptr, num_routes, expert_offset, num_experts, curso
 # --------------------------------------------------------------------------------------------------
 # Host entry point
 # --------------------------------------------------------------------------------------------------
-def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int, block_m: int) -> RoutePlan:
+def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int, block_m: int,
+                   zeroed: int = 0) -> RoutePlan:
     """Group the routes of ``topk_ids [T, k]`` (int32/int64, contiguous, ``T * k >= 1``) by local expert.
 
     Launches 1 kernel when ``T * k <= SMALL_ROUTES``, else a memset and 3 kernels; never synchronizes.
+    ``zeroed > 0`` also returns ``plan.zeroed``, an int32 buffer of that many zeros (split-K tile
+    counters of the GEMMs that follow), zeroed by the same launches (no extra graph node).
     """
     num_routes = topk_ids.numel()
     num_blocks = num_row_blocks(num_routes, num_experts, block_m)
     e = num_experts
     # One int32 workspace; every part starts at a multiple of 4 elements (16 bytes) so that pointer
-    # alignment, which Triton specializes on, never depends on the token count.
-    sizes = {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "cursor": e, "route_start": e + 1,
-             "block_start": e + 1}
+    # alignment, which Triton specializes on, never depends on the token count. "counts" and "zeroed"
+    # are adjacent: the multi-kernel path clears both with one memset.
+    sizes = {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "zeroed": zeroed, "cursor": e,
+             "route_start": e + 1, "block_start": e + 1}
     offsets, total = {}, 0
     for name, size in sizes.items():
         offsets[name] = total
@@ -217,11 +229,12 @@ def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int,
     if num_routes <= SMALL_ROUTES:
         _route_prep_single_kernel[(1,)](
             topk_ids, num_routes, expert_offset, e, counts, cursor, sorted_routes, route_start, block_start, block_info,
-            num_blocks, BLOCK_M=block_m, E_PAD=e_pad, CHUNK=_CHUNK, J_CHUNK=j_chunk,
+            num_blocks, part["zeroed"] if zeroed else counts, zeroed,
+            BLOCK_M=block_m, E_PAD=e_pad, CHUNK=_CHUNK, J_CHUNK=j_chunk,
             num_warps=_PREP_WARPS,
         )
     else:
-        counts.zero_()
+        ws[offsets["counts"] : offsets["zeroed"] + zeroed].zero_()
         grid = (triton.cdiv(num_routes, _CHUNK),)
         _route_count_kernel[grid](topk_ids, num_routes, expert_offset, e, counts, CHUNK=_CHUNK,
                                   num_warps=_PREP_WARPS)
@@ -229,4 +242,75 @@ def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int,
                                  E_PAD=e_pad, J_CHUNK=j_chunk, CHUNK=_CHUNK, num_warps=_PREP_WARPS)
         _route_scatter_kernel[grid](topk_ids, num_routes, expert_offset, e, cursor, sorted_routes,
                                     CHUNK=_CHUNK, num_warps=_PREP_WARPS)
-    return RoutePlan(sorted_routes, route_start, block_start, block_info, num_blocks, block_m)
+    return RoutePlan(sorted_routes, route_start, block_start, block_info, num_blocks, block_m,
+                     part["zeroed"] if zeroed else None)
+
+
+# ------------------------------------------------------------------------------------------------
+# masked (DeepEP low-latency) layout: rows are x[e, r] for r < masked_m[e]; no top-k, no gather
+# ------------------------------------------------------------------------------------------------
+
+@triton.jit
+def _masked_prep_kernel(masked_m_ptr, cap, num_experts, sorted_ptr, route_start_ptr, block_start_ptr, out_ptr, H,
+                        BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, ROWS: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Program ``(e, c)``: expert ``e``'s prefix sums (from all of ``masked_m``), its route ids for rows
+    ``c*ROWS ..`` and zeros in ``out`` for those of its rows at or past ``masked_m[e]``."""
+    e = tl.program_id(0)
+    c = tl.program_id(1)
+    lanes = tl.arange(0, BLOCK_E)
+    before_r = 0
+    before_b = 0
+    e0 = 0
+    while e0 < num_experts:
+        idx = e0 + lanes
+        e0 += BLOCK_E
+        m = tl.load(masked_m_ptr + idx, mask=idx < num_experts, other=0)
+        m = tl.minimum(tl.maximum(m, 0), cap)
+        sel = idx < e
+        before_r += tl.sum(tl.where(sel, m, 0))
+        before_b += tl.sum(tl.where(sel, (m + BLOCK_M - 1) // BLOCK_M, 0))
+    me = tl.minimum(tl.maximum(tl.load(masked_m_ptr + e), 0), cap)
+    if c == 0:
+        tl.store(route_start_ptr + e, before_r)
+        tl.store(block_start_ptr + e, before_b)
+        if e == num_experts - 1:
+            tl.store(route_start_ptr + num_experts, before_r + me)
+            tl.store(block_start_ptr + num_experts, before_b + (me + BLOCK_M - 1) // BLOCK_M)
+    rows = c * ROWS + tl.arange(0, ROWS)
+    tl.store(sorted_ptr + before_r + rows, e * cap + rows, mask=rows < me)
+    # rows past masked_m[e] are defined as zeros
+    dead = (rows >= me) & (rows < cap)
+    base = (e * cap + rows).to(tl.int64) * H
+    h0 = 0
+    while h0 < H:
+        cols = h0 + tl.arange(0, BLOCK_H)
+        h0 += BLOCK_H
+        ptrs = out_ptr + base[:, None] + cols[None, :]
+        tl.store(ptrs, tl.zeros((ROWS, BLOCK_H), dtype=out_ptr.dtype.element_ty), mask=dead[:, None] & (cols < H)[None, :])
+
+
+def prepare_masked_routes(masked_m: torch.Tensor, cap: int, block_m: int, out: torch.Tensor,
+                          zeroed: int = 0) -> RoutePlan:
+    """A :class:`RoutePlan` for the masked layout ``x [E, cap, H]``: expert ``e``'s routes are the flat rows
+    ``e*cap + r`` for ``r < clamp(masked_m[e], 0, cap)`` (``route_start``/``block_start`` as in
+    :func:`prepare_routes`; ``block_info`` is not built). Also writes zeros into the rows of
+    ``out [E, cap, H]`` at or past ``masked_m[e]``. One launch, no synchronization. ``zeroed``: as in
+    :func:`prepare_routes` (here a memset, only when split-K needs counters)."""
+    e = masked_m.numel()
+    hidden = out.shape[-1]
+    o1 = -(-(e * cap) // 4) * 4
+    o2 = o1 + (-(-(e + 1) // 4) * 4)
+    o3 = o2 + (-(-(e + 1) // 4) * 4)
+    ws = torch.empty(o3 + zeroed, dtype=torch.int32, device=masked_m.device)
+    sorted_routes, route_start, block_start = ws[: e * cap], ws[o1 : o1 + e + 1], ws[o2 : o2 + e + 1]
+    zero_part = None
+    if zeroed:
+        zero_part = ws[o3:]
+        zero_part.zero_()
+    rows = 16
+    grid = (e, triton.cdiv(cap, rows))
+    _masked_prep_kernel[grid](masked_m, cap, e, sorted_routes, route_start, block_start, out, hidden,
+                              BLOCK_M=block_m, BLOCK_E=min(1024, triton.next_power_of_2(e)), ROWS=rows,
+                              BLOCK_H=min(1024, triton.next_power_of_2(hidden)), num_warps=4)
+    empty_info = ws[:0].view(0, 4)
+    return RoutePlan(sorted_routes, route_start, block_start, empty_info, 0, block_m, zero_part)
