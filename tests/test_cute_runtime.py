@@ -21,14 +21,20 @@ SCRIPT = textwrap.dedent("""
     x = torch.randn(3, 256).bfloat16()
     ids = torch.tensor([[0, 1], [2, 3], [1, -1]], dtype=torch.int32)
     call = check_moe_call(x, w, torch.rand(3, 2), ids)
-    info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
-    reason = provider.unavailable_reason(call, info)
-    assert reason is not None and "not installed" in reason, reason
-    up, down = fam.gemm_configs(w.scheme, "bf16", "swiglu", True, "deterministic", fam.select_tiles(6, 4))
-    assert fam.config_from_spec(fam.spec_for(up)) == up
-    p = provider._packed(w, "w13", up, torch.bfloat16)       # weight packing is torch only
-    assert p.data.dtype == torch.uint8
-    print("ok", fam.spec_for(down).name)
+    for cap, name in (((9, 0), "sm90"), ((10, 0), "warp"), ((8, 0), "warp"), ((12, 0), "warp")):
+        info = DeviceInfo("cuda", "GPU", cap, 132)
+        family, why = provider.family_for(info)
+        assert family is not None and family.name == name, (cap, family, why)
+        reason = provider.unavailable_reason(call, info)
+        assert reason is not None and "not installed" in reason, reason
+        fm = family.module
+        up, down = fm.gemm_configs(w.scheme, "bf16", "swiglu", True, "deterministic", fm.select_tiles(6, 4))
+        assert fm.config_from_spec(fm.spec_for(up)) == up
+        p = provider._packed(family, w, "w13", up, torch.bfloat16)  # weight packing is torch only
+        assert p.data.dtype == torch.uint8
+    family, why = provider.family_for(DeviceInfo("cuda", "old", (7, 5), 40))
+    assert family is None and "sm_75" in why
+    print("ok", fam.FAMILY)
 """)
 
 
@@ -38,4 +44,4 @@ def test_runtime_path_imports_no_cutlass(tmp_path):
                                           env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.startswith("ok sm90_w4a16_gemm__")
+    assert r.stdout.startswith("ok sm90_w4a16_gemm")

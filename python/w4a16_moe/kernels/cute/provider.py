@@ -9,8 +9,15 @@ One ``fused_moe`` call on SM90 runs (no host synchronization; capturable in a CU
 4. deterministic: the fixed top-k-order FP32 finalize (the Triton provider's kernel, shared so both
    providers combine identically); fused: one cast of ``out32``.
 
-Weights are permuted once per (tile shape, dtype) into the fragment-ready layout (:mod:`.sm90_pack`)
-and cached beside the canonical tensors. Kernels come from the loader (prebuilt, JIT cache, JIT).
+Two kernel families share the launch ABI and the routing contract: the Hopper WGMMA family
+(:mod:`.sm90_family`, SM90 only) and the portable warp-MMA family (:mod:`.warp_family`, SM80 to SM120;
+compile-verified only on archs other than SM90). A device gets the SM90 family on compute capability 9.x,
+else the warp family when it was built for that arch; ``W4A16_MOE_CUTE_FAMILY=sm90|warp`` forces one
+(e.g. ``warp`` to run the portable family on an H200).
+
+Weights are permuted once per (family, tile shape, dtype) into the family's fragment-ready layout
+(:mod:`.sm90_pack`, :mod:`.warp_pack`) and cached beside the canonical tensors. Kernels come from the
+loader (prebuilt, JIT cache, JIT).
 The first use of a kernel (module load, weight packing) must not happen inside CUDA-graph capture:
 call :func:`w4a16_moe.warmup` before capturing.
 """
@@ -27,7 +34,7 @@ from ...device import DeviceInfo
 from . import sm90_family as fam
 
 __all__ = ["unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked", "cute_expert_routes", "cute_warmup",
-           "batch_invariant"]
+           "batch_invariant", "Family", "family_for"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -54,15 +61,78 @@ def _kernels_available_cached(arch: str, _prebuilt_env, _jit_env) -> Optional[st
     return None
 
 
+class Family:
+    """One CuTe kernel family as the provider drives it (see the module docstring)."""
+
+    def __init__(self, name: str, module, arch: str):
+        self.name, self.module, self.arch = name, module, arch
+
+    def __repr__(self) -> str:
+        return f"Family({self.name}, {self.arch})"
+
+    def choose(self, tokens, top_k, e, h, i, scheme, dt, gpu) -> tuple:
+        if self.name == "sm90":
+            return self.module.choose(tokens, top_k, e, h, i, scheme, dt, gpu)
+        return self.module.select_tiles(tokens * top_k, e), None
+
+    def tuned_token_counts(self, gpu, e, h, i, scheme, dt, top_k) -> list:
+        if self.name == "sm90":
+            return self.module.tuned_token_counts(gpu, e, h, i, scheme, dt, top_k)
+        return []
+
+    def rows_per_cta(self, cfg) -> int:
+        return 64 * cfg.m64_per_block if self.name == "sm90" else cfg.rows_per_cta
+
+    def layout_key(self, which: str, cfg, dtype: torch.dtype) -> str:
+        """Cache key of a packed layout: the matrix, the family's row block and K tile, the dtype."""
+        if self.name == "sm90":
+            return f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
+        return f"cute-warp:{which}:w{cfg.warps}:m{cfg.m16_per_warp}:k{cfg.k_tile}:{dtype}"
+
+    def pack(self, qm, cfg, dtype: torch.dtype, interleave: bool):
+        if self.name == "sm90":
+            from .sm90_pack import pack_sm90
+
+            return pack_sm90(qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile, compute_dtype=dtype,
+                             interleave_gate_up=interleave)
+        from .warp_pack import layout_for, pack_warp
+
+        return pack_warp(qm, **layout_for(cfg), compute_dtype=dtype, interleave_gate_up=interleave)
+
+
+def family_for(info: DeviceInfo) -> "tuple[Optional[Family], Optional[str]]":
+    """``(family, None)`` for a CUDA device, or ``(None, why not)``."""
+    import os
+
+    forced = os.environ.get("W4A16_MOE_CUTE_FAMILY", "auto") or "auto"
+    if forced not in ("auto", "sm90", "warp"):
+        raise ValueError(f"W4A16_MOE_CUTE_FAMILY: expected auto, sm90 or warp, got {forced!r}")
+    arch = info.arch
+    sm90 = info.capability[0] == 9
+    if forced == "sm90" or (forced == "auto" and sm90):
+        if not sm90:
+            return None, f"W4A16_MOE_CUTE_FAMILY=sm90, but the SM90 family needs compute capability 9.x ({arch})"
+        return Family("sm90", fam, "sm_90a"), None
+    try:
+        from . import warp_family
+    except ImportError as exc:  # pragma: no cover - the module ships with the package
+        return None, f"the portable warp-MMA family is unavailable ({exc})"
+    if arch not in warp_family.ARCHS:
+        return None, f"no CuTe kernel family for {arch} (the warp-MMA family is built for {', '.join(warp_family.ARCHS)})"
+    return Family("warp", warp_family, arch), None
+
+
 def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
-    """Why the SM90 CuTe kernels cannot run ``call`` on ``info`` (None when they can)."""
+    """Why the CuTe kernels cannot run ``call`` on ``info`` (None when they can)."""
     from ...formats.schemes import get_scheme
     from ...validate import MaskedCall
 
     if not info.is_cuda:
         return f"device {info.type} is not a CUDA GPU"
-    if info.capability[0] != 9:
-        return f"no CuTe kernel family for {info.arch} (the SM90 family needs compute capability 9.x)"
+    family, why = family_for(info)
+    if family is None:
+        return why
+    fm = family.module
     sch = get_scheme(call.scheme)
     if call.dtype not in _DTYPES:
         return f"dtype {call.dtype} is not bfloat16 or float16"
@@ -76,19 +146,28 @@ def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
     if call.activation.gated and i % 128:
         return f"w13: intermediate size {i} is not a multiple of 128 (gated, provider cute)"
     if isinstance(call, MaskedCall):
-        tn = _masked_tiles(call.experts, call.capacity)["tokens_per_tile"]
-        if call.experts * -(-call.capacity // tn) > fam.MAX_GRID_Y:
+        tn = _masked_tiles(family, call.experts, call.capacity)["tokens_per_tile"]
+        if call.experts * -(-call.capacity // tn) > fm.MAX_GRID_Y:
             return f"{call.experts} experts x capacity {call.capacity} exceed one launch's grid (provider cute)"
-        return _kernels_available(info.arch)
-    tiles, _ = fam.choose(call.tokens, call.top_k, call.experts, h, i, sch.name, _DTYPES[call.dtype], info.name)
-    if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.MAX_GRID_Y:
+        return _kernels_available(family.arch)
+    tiles, _ = family.choose(call.tokens, call.top_k, call.experts, h, i, sch.name, _DTYPES[call.dtype], info.name)
+    if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fm.MAX_GRID_Y:
         return f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
-    return _kernels_available(info.arch)
+    return _kernels_available(family.arch)
 
 
-def _masked_tiles(num_experts: int, capacity: int) -> dict:
+def _family(device: torch.device) -> Family:
+    from ...device import probe
+
+    family, why = family_for(probe(device))
+    if family is None:  # unavailable_reason said otherwise: a changed environment
+        raise RuntimeError(f"provider cute: {why}")
+    return family
+
+
+def _masked_tiles(family: Family, num_experts: int, capacity: int) -> dict:
     """Tiles of a masked call: sized for ``capacity`` rows per expert (the only host-known bound)."""
-    return fam.select_tiles(num_experts * capacity, num_experts)
+    return family.module.select_tiles(num_experts * capacity, num_experts)
 
 
 def batch_invariant() -> bool:
@@ -104,25 +183,22 @@ def _max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
     return -(-num_routes // tn) + min(num_experts, num_routes)
 
 
-def _layout_key(which: str, cfg, dtype: torch.dtype) -> str:
-    """Cache key of a packed layout: it depends on the matrix, the row block (X), the K tile and dtype."""
-    return f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
-
-
-def _packed(weights, which: str, cfg, dtype: torch.dtype):
-    from .sm90_pack import pack_sm90
-
+def _packed(family: Family, weights, which: str, cfg, dtype: torch.dtype):
     qm = weights.w13 if which == "w13" else weights.w2
     interleave = which == "w13" and weights.gated
-    return weights.packed_for(_layout_key(which, cfg, dtype), lambda w: pack_sm90(
-        qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile, compute_dtype=dtype, interleave_gate_up=interleave))
+    return weights.packed_for(family.layout_key(which, cfg, dtype),
+                              lambda w: family.pack(qm, cfg, dtype, interleave))
+
+
+def _kernel(family: Family, cfg):
+    return _kernel_cached(family.module, family.arch, cfg)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(cfg):
+def _kernel_cached(module, arch: str, cfg):
     from ...loader import get_kernel
 
-    return get_kernel(fam.spec_for(cfg), "sm_90a")
+    return get_kernel(module.spec_for(cfg), arch)
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,35 +214,36 @@ def _stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
-def _launch(cfg, packed, act, out, plan, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles, splits,
-            kernel=None):
+def _launch(family, cfg, packed, act, out, plan, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles,
+            splits, kernel=None):
     dev = act.device
     if splits > 1:
-        cols = 64 * cfg.m64_per_block
+        cols = family.rows_per_cta(cfg)
         tiles = (n // cols) * max_tiles
         ws = torch.empty(tiles * splits * cfg.tokens_per_tile * cols, dtype=torch.float32, device=dev)
         counters = plan.zeroed  # zeroed by the route preparation; the kernel re-arms what it used
         assert counters is not None and counters.numel() >= tiles
     else:
         ws = counters = plan.route_start  # never read when num_splits == 1
-    (kernel or _kernel(cfg))(
+    (kernel or _kernel(family, cfg))(
         packed.data.data_ptr(), act.data_ptr(), out.data_ptr(), plan.sorted_routes.data_ptr(),
         plan.route_start.data_ptr(), plan.block_start.data_ptr(), topk_weights.data_ptr(), ws.data_ptr(),
         counters.data_ptr(), num_experts, n, k, num_routes, top_k, max_tiles, splits, _stream(),
     )
 
 
-def _check_capture(weights, cfgs, dtype) -> None:
+def _check_capture(family: Family, weights, cfgs, dtype) -> None:
     """Refuse a first use (kernel module load or weight packing) inside CUDA-graph capture."""
     if not torch.cuda.is_current_stream_capturing():
         return
     from ...formats.weights import layout_cache
     from ...loader import _KERNELS
 
-    cold = [c.name() for c in cfgs if not getattr(_KERNELS.get((fam.spec_for(c), "sm_90a")), "loaded", False)]
+    cold = [c.name() for c in cfgs
+            if not getattr(_KERNELS.get((family.module.spec_for(c), family.arch)), "loaded", False)]
     layouts = layout_cache(weights.w13.codes)
     unpacked = [w for c, w in zip(cfgs, ("w13", "w2"))
-                if _layout_key(w, c, dtype) not in layouts]
+                if family.layout_key(w, c, dtype) not in layouts]
     if cold or unpacked:
         raise RuntimeError(
             "fused_moe (provider cute): first use inside CUDA-graph capture (kernels not loaded yet: "
@@ -183,11 +260,13 @@ def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: s
     dt = _DTYPES[x.dtype]
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
     r = tokens * top_k
-    tiles, splits = fam.choose(tokens, top_k, e, h, i, weights.scheme.name, dt, _gpu_name(x.device))
-    up, down = fam.gemm_configs(weights.scheme, dt, activation, weights.gated, finalize, tiles)
-    _check_capture(weights, (up, down), x.dtype)
-    p13 = _packed(weights, "w13", up, x.dtype)
-    p2 = _packed(weights, "w2", down, x.dtype)
+    family = _family(x.device)
+    fm = family.module
+    tiles, splits = family.choose(tokens, top_k, e, h, i, weights.scheme.name, dt, _gpu_name(x.device))
+    up, down = fm.gemm_configs(weights.scheme, dt, activation, weights.gated, finalize, tiles)
+    _check_capture(family, weights, (up, down), x.dtype)
+    p13 = _packed(family, weights, "w13", up, x.dtype)
+    p2 = _packed(family, weights, "w2", down, x.dtype)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
     n13 = weights.w13.n
     if finalize == "deterministic" and batch_invariant():
@@ -195,18 +274,19 @@ def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: s
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    split_up = fam.num_splits(n13, h, up, r, e) if splits is None else min(splits, h // up.k_tile)
-    split_down = fam.num_splits(h, i, down, r, e) if splits is None else min(splits, i // down.k_tile)
+    split_up = fm.num_splits(n13, h, up, r, e) if splits is None else min(splits, h // up.k_tile)
+    split_down = fm.num_splits(h, i, down, r, e) if splits is None else min(splits, i // down.k_tile)
     # split-K tile counters: zeroed by the route preparation (both GEMMs re-arm what they use)
-    counters = max(_counter_tiles(up, n13, max_tiles, split_up), _counter_tiles(down, h, max_tiles, split_down))
+    counters = max(_counter_tiles(family, up, n13, max_tiles, split_up),
+                   _counter_tiles(family, down, h, max_tiles, split_down))
     plan = prepare_routes(ids, e, expert_offset, up.tokens_per_tile, zeroed=counters)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
-    _launch(up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, split_up)
-    return hbuf, plan, down, p2, max_tiles, split_down
+    _launch(family, up, p13, x, hbuf, plan, topk_weights, e, n13, h, r, top_k, max_tiles, split_up)
+    return family, hbuf, plan, down, p2, max_tiles, split_down
 
 
-def _counter_tiles(cfg, n: int, max_tiles: int, splits: int) -> int:
-    return (n // (64 * cfg.m64_per_block)) * max_tiles if splits > 1 else 0
+def _counter_tiles(family: Family, cfg, n: int, max_tiles: int, splits: int) -> int:
+    return (n // family.rows_per_cta(cfg)) * max_tiles if splits > 1 else 0
 
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
@@ -220,15 +300,16 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
     r = tokens * top_k
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
-    hbuf, plan, down, p2, max_tiles, splits = _gate_up(x, weights, ids, tw, expert_offset=call.expert_offset,
-                                                       activation=call.activation.name, finalize=call.finalize)
+    family, hbuf, plan, down, p2, max_tiles, splits = _gate_up(
+        x, weights, ids, tw, expert_offset=call.expert_offset, activation=call.activation.name,
+        finalize=call.finalize)
     if call.finalize == "deterministic":
         y = torch.empty(r, h, dtype=x.dtype, device=x.device)
-        _launch(down, p2, hbuf, y, plan, tw, e, h, i, r, top_k, max_tiles, splits)
+        _launch(family, down, p2, hbuf, y, plan, tw, e, h, i, r, top_k, max_tiles, splits)
         launch_finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
     else:
         acc = torch.zeros(tokens, h, dtype=torch.float32, device=x.device)
-        _launch(down, p2, hbuf, acc, plan, tw, e, h, i, r, top_k, max_tiles, splits)
+        _launch(family, down, p2, hbuf, acc, plan, tw, e, h, i, r, top_k, max_tiles, splits)
         out.copy_(acc)
 
 
@@ -247,23 +328,27 @@ def cute_fused_moe_masked(x, weights, masked_m, *, activation: str, out) -> None
         return
     i = weights.intermediate_size
     dt = _DTYPES[x.dtype]
-    up, down = fam.gemm_configs(weights.scheme, dt, activation, weights.gated, "deterministic", _masked_tiles(e, cap))
-    _check_capture(weights, (up, down), x.dtype)
-    p13 = _packed(weights, "w13", up, x.dtype)
-    p2 = _packed(weights, "w2", down, x.dtype)
+    family = _family(x.device)
+    fm = family.module
+    up, down = fm.gemm_configs(weights.scheme, dt, activation, weights.gated, "deterministic",
+                               _masked_tiles(family, e, cap))
+    _check_capture(family, weights, (up, down), x.dtype)
+    p13 = _packed(family, weights, "w13", up, x.dtype)
+    p2 = _packed(family, weights, "w2", down, x.dtype)
     tn = up.tokens_per_tile
     r = e * cap
     max_tiles = e * -(-cap // tn)
     n13 = weights.w13.n
     inv = batch_invariant()
-    split_up = 1 if inv else fam.num_splits(n13, h, up, r, e)
-    split_down = 1 if inv else fam.num_splits(h, i, down, r, e)
-    counters = max(_counter_tiles(up, n13, max_tiles, split_up), _counter_tiles(down, h, max_tiles, split_down))
+    split_up = 1 if inv else fm.num_splits(n13, h, up, r, e)
+    split_down = 1 if inv else fm.num_splits(h, i, down, r, e)
+    counters = max(_counter_tiles(family, up, n13, max_tiles, split_up),
+                   _counter_tiles(family, down, h, max_tiles, split_down))
     plan = prepare_masked_routes(masked_m.contiguous(), cap, tn, out, zeroed=counters)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     dummy_w = plan.route_start  # read only by the atomic epilogue
-    _launch(up, p13, x.view(r, h), hbuf, plan, dummy_w, e, n13, h, r, 1, max_tiles, split_up)
-    _launch(down, p2, hbuf, out.view(r, h), plan, dummy_w, e, h, i, r, 1, max_tiles, split_down)
+    _launch(family, up, p13, x.view(r, h), hbuf, plan, dummy_w, e, n13, h, r, 1, max_tiles, split_up)
+    _launch(family, down, p2, hbuf, out.view(r, h), plan, dummy_w, e, h, i, r, 1, max_tiles, split_down)
 
 
 def cute_expert_routes(x, weights, local_ids, *, activation: str):
@@ -279,9 +364,9 @@ def cute_expert_routes(x, weights, local_ids, *, activation: str):
     r = tokens * top_k
     ids = local_ids.contiguous()
     dummy_w = torch.empty(r, dtype=torch.float32, device=x.device)  # read only by the atomic epilogue
-    hbuf, plan, down, p2, max_tiles, splits = _gate_up(x.contiguous(), weights, ids, dummy_w, expert_offset=0,
-                                                       activation=activation, finalize="deterministic")
-    _launch(down, p2, hbuf, y.view(r, h), plan, dummy_w, e, h, i, r, top_k, max_tiles, splits)
+    family, hbuf, plan, down, p2, max_tiles, splits = _gate_up(
+        x.contiguous(), weights, ids, dummy_w, expert_offset=0, activation=activation, finalize="deterministic")
+    _launch(family, down, p2, hbuf, y.view(r, h), plan, dummy_w, e, h, i, r, top_k, max_tiles, splits)
     return y, valid
 
 
@@ -295,20 +380,22 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
     act = get_activation(activation)
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
     gpu = _gpu_name(weights.device)
+    family = _family(weights.device)
+    tuned = family.tuned_token_counts(gpu, e, h, i, weights.scheme.name, dt, top_k)
     grid = sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens,
-                   *(t for t in fam.tuned_token_counts(gpu, e, h, i, weights.scheme.name, dt, top_k) if t <= max_tokens)})
+                   *(t for t in tuned if t <= max_tokens)})
     buckets = []
     for t in grid:
-        tiles, _ = fam.choose(t, top_k, e, h, i, weights.scheme.name, dt, gpu)
+        tiles, _ = family.choose(t, top_k, e, h, i, weights.scheme.name, dt, gpu)
         if tiles not in buckets:
             buckets.append(tiles)
     names = []
     for tiles in buckets:
         for fin in finalizes:
-            up, down = fam.gemm_configs(weights.scheme, dt, act.name, weights.gated, fin, tiles)
-            _packed(weights, "w13", up, dtype)
-            _packed(weights, "w2", down, dtype)
+            up, down = family.module.gemm_configs(weights.scheme, dt, act.name, weights.gated, fin, tiles)
+            _packed(family, weights, "w13", up, dtype)
+            _packed(family, weights, "w2", down, dtype)
             for cfg in (up, down):
-                _kernel(cfg).ensure_loaded()
+                _kernel(family, cfg).ensure_loaded()
                 names.append(cfg.name())
     return names
