@@ -57,7 +57,8 @@ TILES = (
 
 # Extra tile shapes the tuner measures beside the rule's buckets (deep weight pipelines for decode-sized
 # batches: more bytes in flight per CTA). ``CANDIDATES`` = the rule's buckets, then these; tuned-table rows
-# and ``FORCE["bucket"]`` index into it.
+# and ``FORCE["bucket"]`` index into it. (A TN=16 variant with 256-row down CTAs at 2 CTAs/SM was
+# measured at revision e2a97df as candidate 10 and removed: slower, and its down kernels spill.)
 EXTRA_TILES = (
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=16, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
@@ -68,8 +69,6 @@ EXTRA_TILES = (
          down_m64_per_block=4, down_min_ctas_per_sm=2),
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2,
          down_m64_per_block=4, down_k_tile=64, down_stages=4),
-    dict(tokens_per_tile=16, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=3,
-         down_m64_per_block=4, down_min_ctas_per_sm=2),
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_m64_per_block=4),
 )
