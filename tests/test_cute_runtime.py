@@ -45,3 +45,18 @@ def test_runtime_path_imports_no_cutlass(tmp_path):
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.startswith("ok sm90_w4a16_gemm")
+
+
+def test_tuned_rows_can_name_the_warp_family():
+    """On SM90 a tuned-table row may hand a layer shape to the warp-MMA family (same arch, same ABI)."""
+    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+
+    base = provider.Family("sm90", fam, "sm_90a")
+    shape = (8, 384, 7168, 256, "int4_g32", "bf16", "NVIDIA H200")  # top_k, E, H, I, scheme, dtype, GPU
+    family, tiles, _ = base.select(32, *shape)
+    assert (family.name, family.arch, tiles["tokens_per_tile"]) == ("warp", "sm_90a", 8)
+    assert fam.choose(32, *shape)[0] == fam.select_tiles(32 * 8, 384)  # the SM90-only view falls back to the rule
+    for t in (1, 8, 256, 2048):
+        assert base.select(t, *shape)[0].name == "sm90"
+    other_gpu = shape[:-1] + ("NVIDIA H100",)
+    assert base.select(32, *other_gpu)[0].name == "sm90"  # rows are keyed by GPU name

@@ -58,8 +58,9 @@ ParamValue = Union[int, bool, str]
 #: from it, so it is kept well below typical symbol/file-name limits (255 bytes for a file name).
 MAX_NAME_LEN = 120
 
-#: Architectures the loader builds for (``--gpu-arch`` values of ``cute.compile``).
-SUPPORTED_ARCHS = ("sm_90a", "sm_100a")
+#: Architectures the loader builds for (``--gpu-arch`` values of ``cute.compile``): the SM90 WGMMA family
+#: targets sm_90a, the portable warp-MMA family all of them.
+SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
 
 _FAMILY_RE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")  # no "__": that separates name parts
 _KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -252,6 +253,11 @@ _BUILTIN_FAMILIES = {
             "w4a16_moe.kernels.cute.sm90_config",
             "w4a16_moe.kernels.cute.sm90_ptx",
         ),
+    ),
+    # the portable warp-MMA (mma.sync) W4A16 grouped GEMM, sm_80..sm_120a (kernels/cute/warp_family.py)
+    "warp_w4a16_gemm": (
+        "w4a16_moe.kernels.cute.warp_family:_compile",
+        ("w4a16_moe.kernels.cute.warp_grouped_gemm", "w4a16_moe.kernels.cute.warp_config"),
     ),
 }
 

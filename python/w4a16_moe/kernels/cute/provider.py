@@ -70,10 +70,17 @@ class Family:
     def __repr__(self) -> str:
         return f"Family({self.name}, {self.arch})"
 
-    def choose(self, tokens, top_k, e, h, i, scheme, dt, gpu) -> tuple:
+    def select(self, tokens, top_k, e, h, i, scheme, dt, gpu) -> tuple:
+        """``(family, tiles, splits or None)`` of a call: on SM90 the tuned table may hand a layer shape
+        to the warp-MMA family where it measured faster (same arch, same launch ABI)."""
         if self.name == "sm90":
-            return self.module.choose(tokens, top_k, e, h, i, scheme, dt, gpu)
-        return self.module.select_tiles(tokens * top_k, e), None
+            name, tiles, splits = self.module.choose_with_family(tokens, top_k, e, h, i, scheme, dt, gpu)
+            if name == "warp":
+                from . import warp_family
+
+                return Family("warp", warp_family, self.arch), tiles, splits
+            return self, tiles, splits
+        return self, self.module.select_tiles(tokens * top_k, e), None
 
     def tuned_token_counts(self, gpu, e, h, i, scheme, dt, top_k) -> list:
         if self.name == "sm90":
@@ -150,7 +157,8 @@ def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
         if call.experts * -(-call.capacity // tn) > fm.MAX_GRID_Y:
             return f"{call.experts} experts x capacity {call.capacity} exceed one launch's grid (provider cute)"
         return _kernels_available(family.arch)
-    tiles, _ = family.choose(call.tokens, call.top_k, call.experts, h, i, sch.name, _DTYPES[call.dtype], info.name)
+    _, tiles, _ = family.select(call.tokens, call.top_k, call.experts, h, i, sch.name, _DTYPES[call.dtype],
+                                info.name)
     if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fm.MAX_GRID_Y:
         return f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
     return _kernels_available(family.arch)
@@ -260,9 +268,9 @@ def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: s
     dt = _DTYPES[x.dtype]
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
     r = tokens * top_k
-    family = _family(x.device)
+    family, tiles, splits = _family(x.device).select(tokens, top_k, e, h, i, weights.scheme.name, dt,
+                                                     _gpu_name(x.device))
     fm = family.module
-    tiles, splits = family.choose(tokens, top_k, e, h, i, weights.scheme.name, dt, _gpu_name(x.device))
     up, down = fm.gemm_configs(weights.scheme, dt, activation, weights.gated, finalize, tiles)
     _check_capture(family, weights, (up, down), x.dtype)
     p13 = _packed(family, weights, "w13", up, x.dtype)
@@ -380,17 +388,17 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
     act = get_activation(activation)
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
     gpu = _gpu_name(weights.device)
-    family = _family(weights.device)
-    tuned = family.tuned_token_counts(gpu, e, h, i, weights.scheme.name, dt, top_k)
+    base = _family(weights.device)
+    tuned = base.tuned_token_counts(gpu, e, h, i, weights.scheme.name, dt, top_k)
     grid = sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens,
                    *(t for t in tuned if t <= max_tokens)})
     buckets = []
     for t in grid:
-        tiles, _ = family.choose(t, top_k, e, h, i, weights.scheme.name, dt, gpu)
-        if tiles not in buckets:
-            buckets.append(tiles)
+        family, tiles, _ = base.select(t, top_k, e, h, i, weights.scheme.name, dt, gpu)
+        if (family.name, tiles) not in [(f.name, tl) for f, tl in buckets]:
+            buckets.append((family, tiles))
     names = []
-    for tiles in buckets:
+    for family, tiles in buckets:
         for fin in finalizes:
             up, down = family.module.gemm_configs(weights.scheme, dt, act.name, weights.gated, fin, tiles)
             _packed(family, weights, "w13", up, dtype)

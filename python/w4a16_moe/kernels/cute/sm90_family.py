@@ -150,26 +150,44 @@ def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme
     return f"{gpu}|e{num_experts}_h{hidden}_i{intermediate}|{scheme}|{dtype}|k{top_k}"
 
 
-def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
-           gpu: str) -> tuple:
-    """``(tiles, splits or None)`` for a call: tuner override, then the tuned table (largest measured token
-    count <= ``tokens``), then the routes-per-expert rule. ``splits`` None means :func:`num_splits`."""
+def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str,
+                       dtype: str, gpu: str) -> tuple:
+    """``(family, tiles, splits or None)`` for a call on an SM90 GPU: tuner override, then the tuned table
+    (largest measured token count <= ``tokens``), then the routes-per-expert rule. ``family`` is
+    ``"sm90"`` (``tiles`` from :data:`CANDIDATES`) or ``"warp"`` (a tuned row measured faster with the
+    portable warp-MMA family; ``tiles`` from ``warp_family.TILES``). ``splits`` None means the family's
+    ``num_splits`` rule."""
     if FORCE:
-        return dict(CANDIDATES[FORCE["bucket"]]), FORCE.get("splits")
+        return "sm90", dict(CANDIDATES[FORCE["bucket"]]), FORCE.get("splits")
     rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     if rows:
         best = None
-        for t, bucket, splits in rows:  # sorted by t
-            if t <= tokens or best is None:
-                best = (bucket, splits)
-        return dict(CANDIDATES[best[0]]), best[1]
-    return select_tiles(tokens * top_k, num_experts), None
+        for row in rows:  # sorted by t: [t, bucket, splits] or [t, bucket, splits, family]
+            if row[0] <= tokens or best is None:
+                best = row
+        family = best[3] if len(best) > 3 else "sm90"
+        if family == "warp":
+            from . import warp_family
+
+            return "warp", dict(warp_family.TILES[best[1]][1]), best[2]
+        return "sm90", dict(CANDIDATES[best[1]]), best[2]
+    return "sm90", select_tiles(tokens * top_k, num_experts), None
+
+
+def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
+           gpu: str) -> tuple:
+    """``(tiles, splits or None)`` of this family for a call (:func:`choose_with_family`; a row that names
+    the warp family falls back to the rule here)."""
+    family, tiles, splits = choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu)
+    if family != "sm90":
+        return select_tiles(tokens * top_k, num_experts), None
+    return tiles, splits
 
 
 def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                        top_k: int) -> list:
     rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k)) or []
-    return [t for t, _, _ in rows]
+    return [row[0] for row in rows]
 
 
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
@@ -184,7 +202,7 @@ def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
 
 def selectable_tiles() -> list:
     """The tile shapes a call can select: the rule's buckets plus every candidate the tuned table uses."""
-    used = {b for rows in _tuned_table().values() for _, b, _ in rows}
+    used = {row[1] for rows in _tuned_table().values() for row in rows if len(row) < 4 or row[3] == "sm90"}
     return [t for _, t in TILES] + [CANDIDATES[b] for b in sorted(used) if b >= len(TILES)]
 
 

@@ -1,0 +1,99 @@
+"""Static configuration of one portable warp-MMA (``mma.sync``) W4A16 grouped-GEMM kernel (no CuTe DSL import).
+
+Kept apart from the kernel module so that selecting kernels and looking up prebuilt ones at run time never
+imports ``cutlass`` (a prebuilt wheel runs without the DSL). The kernel itself is
+:mod:`.warp_grouped_gemm`; the packed weight layout it reads is :mod:`.warp_pack`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["WarpGemmConfig", "ACT_CODES", "GATED", "KINDS", "e2m1_prmt_tables"]
+
+ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
+GATED = {"swiglu", "geglu"}
+KINDS = ("int4", "nvfp4", "mxfp4")
+
+
+def e2m1_prmt_tables(is_bf16: bool) -> tuple:
+    """``((H0, H1), (L0, L1))``: the high and low bytes of the 16-bit patterns (bf16 or fp16) of the E2M1
+    magnitudes ``{0, .5, 1, 1.5, 2, 3, 4, 6}`` (code & 7), as two 8-byte ``prmt`` tables (byte ``j`` of the
+    pair ``(X0, X1)`` = entry ``j``). fp16 patterns have all-zero low bytes (the kernel then skips ``L``)."""
+    import struct
+
+    vals = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+    if is_bf16:
+        bits = [struct.unpack("<I", struct.pack("<f", v))[0] >> 16 for v in vals]
+    else:
+        bits = [struct.unpack("<H", struct.pack("<e", v))[0] for v in vals]
+
+    def words(t):
+        return (t[0] | t[1] << 8 | t[2] << 16 | t[3] << 24, t[4] | t[5] << 8 | t[6] << 16 | t[7] << 24)
+
+    return words([b >> 8 for b in bits]), words([b & 0xFF for b in bits])
+
+
+@dataclass(frozen=True)
+class WarpGemmConfig:
+    """Static configuration of one compiled warp-MMA kernel (every field shapes the generated code).
+
+    Tile: a CTA of ``warps`` warps computes ``rows_per_cta = 16 * m16_per_warp * warps`` weight rows
+    (``mma.sync`` M) x ``tokens_per_tile`` routed tokens (``mma.sync`` N, multiple of 8), streaming K in
+    ``k_tile`` steps through a ``stages``-deep ``cp.async`` ring.
+    """
+
+    mode: str = "gate_up"  # "gate_up" | "down"
+    dtype: str = "bf16"  # activation / compute dtype: "bf16" | "fp16"
+    kind: str = "int4"  # weight code kind: "int4" | "nvfp4" | "mxfp4"
+    group: int = 32  # scale group along K; 0 = per channel (any group >= k_tile behaves the same)
+    zero_point: bool = False  # int4 only
+    warps: int = 4  # warps per CTA (each owns 16 * m16_per_warp weight rows)
+    m16_per_warp: int = 2  # m16 blocks per warp
+    tokens_per_tile: int = 8  # TN: tokens per tile, multiple of 8 in [8, 128]
+    k_tile: int = 128  # BK: K per pipeline stage, multiple of 64
+    stages: int = 4
+    activation: str = "swiglu"  # gate_up only
+    epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
+    evict_first: bool = True  # L2 evict-first cache hint on the streamed weights
+    min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that this many CTAs fit on an SM
+
+    @property
+    def gated(self) -> bool:
+        return self.mode == "gate_up" and self.activation in GATED
+
+    @property
+    def epi(self) -> str:
+        if self.epilogue != "auto":
+            return self.epilogue
+        return "h" if self.mode == "gate_up" else "y"
+
+    @property
+    def rows_per_cta(self) -> int:
+        """Weight rows per CTA (grid x = N / rows_per_cta)."""
+        return 16 * self.m16_per_warp * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    def ws_floats(self, n: int, max_tiles: int, num_splits: int) -> int:
+        """FP32 elements of the split-K workspace ``ws`` a launch needs (0 when ``num_splits == 1``)."""
+        if num_splits <= 1:
+            return 0
+        return (n // self.rows_per_cta) * max_tiles * num_splits * self.tokens_per_tile * self.rows_per_cta
+
+    def counters_len(self, n: int, max_tiles: int) -> int:
+        """int32 elements of the split-K ``counters`` (zeroed once at allocation; the kernel re-arms them)."""
+        return (n // self.rows_per_cta) * max_tiles
+
+    def name(self) -> str:
+        g = "ch" if self.group == 0 else str(self.group)
+        act = ("_" + self.activation) if self.mode == "gate_up" else ""
+        zp = "zp" if self.zero_point else ""
+        kind = "" if self.kind == "int4" else f"_{self.kind}"
+        extra = ("" if self.evict_first else "_noef") + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
+        return (
+            f"warp_{self.mode}_{self.dtype}{kind}_g{g}{zp}_w{self.warps}m{self.m16_per_warp}_t{self.tokens_per_tile}"
+            f"_k{self.k_tile}_s{self.stages}_{self.epi}{act}{extra}"
+        )

@@ -1,0 +1,164 @@
+"""The portable warp-MMA kernel family as the loader sees it: specs, archs, variant sets and tile selection.
+
+Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``warp_w4a16_gemm`` whose params
+are all fields of :class:`~.warp_config.WarpGemmConfig` (the spec name encodes every codegen parameter); the
+same specs feed JIT and AOT. The kernel (:mod:`.warp_grouped_gemm`) is one source for every arch in
+:data:`ARCHS`; the arch only changes the ``atomic_f32`` reduction width and the shared-memory check.
+
+Tile selection (:func:`select_tiles`) uses only host-known sizes, so a call never synchronizes; one compiled
+kernel per bucket serves every token count:
+
+=====================  ====  =====  ======  ===  ======  =============================================
+routes per expert r    TN    warps  m16/w   BK   stages  note
+=====================  ====  =====  ======  ===  ======  =============================================
+r <= 8                 8     4      2       128  4       decode: weight-bandwidth bound, split-K
+r <= 16                16    4      2       128  4
+r <= 32                32    4      2       128  4
+r > 32                 64    4      2       64   4       (bonus; WGMMA is expected to win here on SM90)
+=====================  ====  =====  ======  ===  ======  =============================================
+
+``r = cdiv(T * k, min(E, T * k))``. Every bucket has 128 weight rows per CTA (128 threads) and needs at most
+~75 KB of shared memory, so the same variants run on sm_86/89/120 (99 KB) as on sm_80/90/100.
+This module imports neither ``cutlass`` nor the kernel module (run-time selection must not need the DSL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Iterable, Optional
+
+from ...loader.spec import KernelSpec
+
+__all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
+           "gemm_configs", "num_splits", "variants", "aot_variants", "kernel_config", "group_param"]
+
+FAMILY = "warp_w4a16_gemm"
+
+#: ``--gpu-arch`` values the CuTe DSL 4.8.1 accepts for this kernel (compile + export verified on the CPU box).
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
+#: archs tried and refused, with the reason (none with DSL 4.8.1; sm_121a also compiles but is not listed).
+REFUSED_ARCHS: dict = {}
+
+SM_COUNT = 132  # H100 / H200 SXM: split-K targets
+MAX_GRID_Y = 65535
+
+_BASE = dict(warps=4, m16_per_warp=2, stages=4)
+# bucket upper bound of routes per expert -> tile parameters of WarpGemmConfig
+TILES = (
+    (8, dict(tokens_per_tile=8, k_tile=128, **_BASE)),
+    (16, dict(tokens_per_tile=16, k_tile=128, **_BASE)),
+    (32, dict(tokens_per_tile=32, k_tile=128, **_BASE)),
+    (None, dict(tokens_per_tile=64, k_tile=64, **_BASE)),
+)
+
+
+def _compile(spec: KernelSpec, arch: str):
+    """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
+    from .warp_grouped_gemm import WarpW4A16GroupedGemm
+
+    return WarpW4A16GroupedGemm(config_from_spec(spec), arch).compile(arch)
+
+
+def kernel_config(**fields):
+    from .warp_config import WarpGemmConfig
+
+    return WarpGemmConfig(**fields)
+
+
+@functools.lru_cache(maxsize=None)
+def spec_for(cfg) -> KernelSpec:
+    return KernelSpec(FAMILY, dataclasses.asdict(cfg))
+
+
+def config_from_spec(spec: KernelSpec):
+    if spec.family != FAMILY:
+        raise ValueError(f"spec family {spec.family!r} is not {FAMILY!r}")
+    return kernel_config(**dict(spec.params))
+
+
+def _bucket(rows_per_expert: int) -> dict:
+    for bound, tiles in TILES:
+        if bound is None or rows_per_expert <= bound:
+            return tiles
+    raise AssertionError  # pragma: no cover
+
+
+def select_tiles(num_routes: int, num_experts: int) -> dict:
+    """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts."""
+    r = -(-num_routes // max(1, min(num_experts, num_routes)))
+    return dict(_bucket(r))
+
+
+def group_param(scheme) -> int:
+    """``WarpGemmConfig.group`` of a scheme: its group size, 0 for per-channel scales."""
+    return 0 if scheme.group_size is None else scheme.group_size
+
+
+def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
+    """(gate_up, down) :class:`~.warp_config.WarpGemmConfig` of one call (``finalize``: deterministic | fused)."""
+    return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
+    tiles = dict(tiles_items)
+    common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
+    up = kernel_config(mode="gate_up", activation=activation, **common)
+    down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **common)
+    if up.gated != gated:
+        raise ValueError(f"activation {activation!r} and gated={gated} disagree")
+    return up, down
+
+
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = SM_COUNT) -> int:
+    """Split-K factor: enough CTAs for about four small CTAs per SM when the (row block x token tile) grid is
+    small (decode), each split keeping at least two K tiles; at most 16."""
+    tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
+    ctas = (n // cfg.rows_per_cta) * tiles
+    k_tiles = k // cfg.k_tile
+    if ctas >= 2 * sm_count:
+        return 1
+    return max(1, min(16, k_tiles // 2, -(-4 * sm_count // ctas)))
+
+
+def max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
+    """Grid y of a launch: an upper bound on ``block_start[E]`` for any routing of ``num_routes`` routes."""
+    return -(-num_routes // tn) + min(num_experts, num_routes)
+
+
+def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
+             activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
+             tiles: Optional[Iterable[dict]] = None) -> list:
+    """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4)."""
+    from ...formats.schemes import SCHEMES
+
+    if schemes is None:
+        schemes = list(SCHEMES.values())
+    tiles = list(tiles) if tiles is not None else [t for _, t in TILES]
+    out, seen = [], set()
+    for sch in schemes:
+        for dt in dtypes:
+            for t in tiles:
+                for act in activations:
+                    for fin in finalizes:
+                        gated = act in ("swiglu", "geglu")
+                        for cfg in gemm_configs(sch, dt, act, gated, fin, t):
+                            spec = spec_for(cfg)
+                            if spec not in seen:
+                                seen.add(spec)
+                                out.append(spec)
+    return out
+
+
+def aot_variants(subset: str) -> list:
+    """Specs of an AOT subset: ``"smoke"`` (int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every
+    bucket: 16 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation, finalize, bucket)."""
+    from ...formats.schemes import get_scheme
+
+    if subset == "full":
+        return variants()
+    if subset == "smoke":
+        return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+                        activations=("swiglu",))
+    raise ValueError(f"subset: expected smoke or full, got {subset!r}")
