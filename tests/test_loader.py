@@ -190,7 +190,29 @@ def test_unsupported_arch_rejected():
     import w4a16_moe.loader as L
 
     with pytest.raises(ValueError):
-        L.get_kernel(selftest_spec(), "sm_80")
+        L.get_kernel(selftest_spec(), "sm_75")
+
+
+def test_arch_names_of_capabilities():
+    import w4a16_moe.loader as L
+
+    assert [L.arch_of_capability(*c) for c in ((8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0))] == [
+        "sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_120a"]
+
+
+def test_kernel_status_explains_without_building(monkeypatch):
+    import w4a16_moe.loader as L
+    from w4a16_moe.loader import build
+
+    spec = selftest_spec(threads=224)
+    src, why = L.kernel_status(spec, "sm_90a")
+    assert src == ("jit" if build.dsl_importable() else None) and "no prebuilt manifest" in why
+    monkeypatch.setattr(build, "dsl_importable", lambda: False)
+    src, why = L.kernel_status(spec, "sm_90a")
+    assert src is None and "not installed" in why and "not in the JIT cache" in why
+    monkeypatch.setenv("W4A16_MOE_DISABLE_JIT", "1")
+    assert "W4A16_MOE_DISABLE_JIT" in L.kernel_status(spec, "sm_90a")[1]
+    assert not any(Path(os.environ["W4A16_MOE_CACHE_DIR"]).rglob("*.so"))
 
 
 def test_prebuilt_mismatch_reasons(tmp_path):
@@ -221,6 +243,14 @@ def test_prebuilt_mismatch_reasons(tmp_path):
     assert "threads=512 vs 256" in why
     write(abi_version=ABI_VERSION + 1)
     assert "loader ABI" in prebuilt.lookup(spec, "sm_90a", d)[1]
+    # an arch the AOT build had no kernels for says so
+    write(archs={"sm_90a": {"kernels": 1}, "sm_120a": {"kernels": 0, "reason": "family x builds only sm_90a"}})
+    assert prebuilt.lookup(spec, "sm_120a", d)[1] == (
+        f"the prebuilt build has no kernels for sm_120a: family x builds only sm_90a ({spec.name} is prebuilt for "
+        "['sm_100a'])")
+    assert prebuilt.summary(d)["empty_archs"] == {"sm_120a": "family x builds only sm_90a"}
+    with pytest.raises(ValueError, match="core manifest field"):
+        prebuilt.write_manifest(d, [], extra={"kernels": []})
 
 
 def test_describe_is_flat():
@@ -309,6 +339,13 @@ def test_library_is_self_contained(built_libs, arch):
     assert meta["arch"] == arch and meta["dsl_version"] == build.dsl_version()
     assert [k["name"] for k in meta["kernels"]] == [s.name for s in specs]
     assert all(k["source_hash"] and k["abi"]["args"] for k in meta["kernels"])
+    # every kernel's cubin is recorded and sits, byte for byte, inside the library
+    from w4a16_moe.loader.sass import extract_cubins
+
+    in_lib = {c.sha256: c for c in extract_cubins(so.read_bytes())}
+    sm = int(arch[3:].rstrip("a"))
+    for k in meta["kernels"]:
+        assert k["cubins"] and all(c["sha256"] in in_lib and c["sm"] == sm for c in k["cubins"]), k["name"]
     # the cubin inside targets the requested arch
     obj = so.parent / f"obj-{arch}" / f"{specs[0].name}.o"
     assert arch.encode() in obj.read_bytes() or arch.replace("_", "").encode() in obj.read_bytes()

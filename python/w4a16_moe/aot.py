@@ -1,55 +1,318 @@
-"""``python -m w4a16_moe aot --archs sm_90a[,sm_100a] [--subset smoke|full] --out DIR [-j N]``.
+"""``python -m w4a16_moe aot --archs sm_90a[,sm_100a,...] [--subset smoke|full] --out DIR [-j N]``.
 
-Enumerates the declared kernel variants (the same specs the JIT compiles on first use), cross-compiles
-each for each arch (no GPU needed), links one self-contained shared library per arch and writes
-``DIR/manifest.json`` (spec names, archs, package version, DSL version, source hashes). Point
-``W4A16_MOE_PREBUILT_DIR`` at DIR, or build it into the wheel (``W4A16_MOE_AOT_ARCHS``).
+Enumerates the declared kernel variants (the same specs the JIT compiles on first use) of every kernel
+family that supports each requested arch, cross-compiles them (no GPU needed) in a pool of ``-j``
+processes with a progress display, links one self-contained shared library per arch
+(``DIR/<arch>/kernels.so`` + ``meta.json``) and writes ``DIR/manifest.json`` (spec names, archs, package
+version, DSL version, source hashes, the families and the SASS each must show). Point
+``W4A16_MOE_PREBUILT_DIR`` at DIR, or build the wheel (``W4A16_MOE_AOT_ARCHS``, see ``CMakeLists.txt``).
 
-Subsets: ``full`` = every scheme, dtype, activation, finalize mode and tile bucket the CuTe provider can
-select; ``smoke`` = int4_g32 / int4_g128, BF16, SwiGLU, both finalize modes, all tile buckets.
+Families (:data:`FAMILY_MODULES`): each module names its ``FAMILY``, the ``ARCHS`` it compiles for and
+``aot_variants(subset) -> [KernelSpec]``, optionally ``SASS_EXPECT`` (instructions each kernel must show,
+default HGMMA for the SM90 family, HMMA for the warp-MMA family) and ``SASS_ALLOW_LOCAL`` (archs, or True,
+on which local-memory instructions are accepted: reported as warnings by the SASS check instead of
+failing it); the SM90 WGMMA family (``sm90_family``, sm_90a only) gets what it does not declare from here. A family module that is not in this version (e.g. the
+portable warp-MMA family before it lands) is reported and skipped; an arch no family supports gets no
+library, and the build says so (``--archs`` with no kernels at all is an error).
+
+Subsets: ``full`` = every variant the providers can select; ``smoke`` = a small subset per family
+(SM90: int4_g32 / int4_g128, BF16, SwiGLU, both finalize modes, all tile buckets).
+
+Other modes: ``--list`` prints the plan without compiling; ``--objects-only`` compiles and prepares the link
+(shim source, version script, ``<arch>/link.json``) without linking, for CMake (``aot/cmake_steps.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import shutil
 import sys
-import tempfile
 import time
-from typing import Optional
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
 
-__all__ = ["subset_specs", "main"]
+__all__ = ["AOT_ARCHS", "FAMILY_MODULES", "SUBSETS", "AotError", "AotFamily", "ArchPlan", "load_families",
+           "plan_archs", "parse_archs", "subset_specs", "main"]
+
+#: archs the AOT build accepts (``--archs``, ``W4A16_MOE_AOT_ARCHS``)
+AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
+#: kernel family modules enumerated by default
+FAMILY_MODULES = ("w4a16_moe.kernels.cute.sm90_family", "w4a16_moe.kernels.cute.warp_family")
+SUBSETS = ("smoke", "full")
 
 
-def subset_specs(subset: str) -> list:
+class AotError(RuntimeError):
+    """The requested AOT build cannot be planned (bad arguments, a broken family module, no kernels)."""
+
+
+@dataclass
+class AotFamily:
+    """One kernel family as the AOT build sees it."""
+
+    name: str
+    module: str
+    archs: tuple
+    variants: Callable[[str], list]  # subset -> [KernelSpec]
+    sass_expect: Optional[tuple]  # instructions every kernel must contain (loader/sass.py); None = undeclared
+    sass_allow_local: tuple = ()  # archs on which the family accepts local memory (LDL/STL): warnings, not errors
+
+
+@dataclass
+class ArchPlan:
+    """The kernels one arch gets: ``specs`` (all families), per-family counts, and why others are absent."""
+
+    arch: str
+    specs: list = field(default_factory=list)
+    per_family: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.notes)
+
+
+def _sm90_variants(subset: str) -> list:
     from .formats.schemes import get_scheme
     from .kernels.cute import sm90_family as fam
 
     if subset == "full":
         return fam.variants()
-    if subset == "smoke":
-        return fam.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
-                            activations=("swiglu",))
-    raise ValueError(f"--subset: expected smoke or full, got {subset!r}")
+    return fam.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+                        activations=("swiglu",))
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe aot", description=__doc__.splitlines()[0])
-    ap.add_argument("--archs", default="sm_90a", help="comma-separated: sm_90a, sm_100a")
-    ap.add_argument("--subset", default="full", choices=["smoke", "full"])
-    ap.add_argument("--out", required=True, help="prebuilt directory to write (manifest.json + <arch>/kernels.so)")
-    ap.add_argument("-j", "--jobs", type=int, default=2)
-    a = ap.parse_args(argv)
+#: what this module supplies for family modules that do not declare it themselves
+_FALLBACKS = {
+    "w4a16_moe.kernels.cute.sm90_family": {"ARCHS": ("sm_90a",), "aot_variants": _sm90_variants,
+                                           "SASS_EXPECT": ("HGMMA",)},
+    "w4a16_moe.kernels.cute.warp_family": {"SASS_EXPECT": ("HMMA",)},
+}
+
+
+def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
+    """``([AotFamily], {module: why absent})``. A module that does not exist is absent; one that exists but
+    fails to import or lacks ``FAMILY`` / ``ARCHS`` / ``aot_variants`` raises :class:`AotError`."""
+    fams, absent = [], {}
+    for mod_name in modules:
+        try:
+            mod = importlib.import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name and (mod_name == e.name or mod_name.startswith(e.name + ".")):
+                absent[mod_name] = "not in this version of the package"
+                continue
+            raise AotError(f"kernel family module {mod_name} failed to import: {type(e).__name__}: {e}") from e
+        except Exception as e:
+            raise AotError(f"kernel family module {mod_name} failed to import: {type(e).__name__}: {e}") from e
+        fb = _FALLBACKS.get(mod_name, {})
+        attrs = {a: getattr(mod, a, fb.get(a)) for a in ("FAMILY", "ARCHS", "aot_variants", "SASS_EXPECT",
+                                                         "SASS_ALLOW_LOCAL")}
+        lacking = [a for a in ("FAMILY", "ARCHS", "aot_variants") if attrs[a] is None]
+        if lacking:
+            raise AotError(f"kernel family module {mod_name} must define {', '.join(lacking)} for the AOT build")
+        exp, allow = attrs["SASS_EXPECT"], attrs["SASS_ALLOW_LOCAL"] or ()
+        allow = tuple(attrs["ARCHS"]) if allow is True else tuple(allow)
+        fams.append(AotFamily(attrs["FAMILY"], mod_name, tuple(attrs["ARCHS"]), attrs["aot_variants"],
+                              tuple(exp) if exp is not None else None, allow))
+    return fams, absent
+
+
+def parse_archs(text: str) -> list:
+    """``"sm_90a,sm_100a"`` or ``"sm_90a;sm_100a"`` -> list; ValueError naming any unknown arch."""
+    archs = [a.strip() for a in text.replace(";", ",").split(",") if a.strip()]
+    if not archs:
+        raise ValueError(f"--archs: no arch given (expected some of {', '.join(AOT_ARCHS)})")
+    bad = [a for a in archs if a not in AOT_ARCHS]
+    if bad:
+        raise ValueError(f"--archs: unknown arch {', '.join(bad)}; the AOT build accepts {', '.join(AOT_ARCHS)}")
+    return list(dict.fromkeys(archs))
+
+
+def plan_archs(archs: Sequence[str], subset: str, modules: Sequence[str] = FAMILY_MODULES) -> tuple:
+    """``([ArchPlan per arch], [AotFamily], {module: why absent})`` for ``archs`` and ``subset``."""
+    if subset not in SUBSETS:
+        raise ValueError(f"--subset: expected one of {SUBSETS}, got {subset!r}")
+    fams, absent = load_families(modules)
+    plans = []
+    for arch in archs:
+        p = ArchPlan(arch)
+        seen = set()
+        for f in fams:
+            if arch not in f.archs:
+                p.notes.append(f"family {f.name} builds only {', '.join(f.archs)}")
+                continue
+            specs = list(f.variants(subset))
+            if any(s.family != f.name for s in specs):
+                raise AotError(f"{f.module}.aot_variants({subset!r}) returned specs of another family")
+            new = [s for s in specs if s not in seen]
+            seen.update(new)
+            p.specs += new
+            p.per_family[f.name] = len(new)
+        for mod, why in absent.items():
+            p.notes.append(f"family module {mod} is {why}")
+        plans.append(p)
+    return plans, fams, absent
+
+
+def subset_specs(subset: str, arch: str = "sm_90a") -> list:
+    """The specs ``subset`` builds for ``arch`` (all families)."""
+    return plan_archs([arch], subset)[0][0].specs
+
+
+# ------------------------------------------------------------------------------------------------------
+# progress
+# ------------------------------------------------------------------------------------------------------
+class Progress:
+    """A one-line progress bar on a terminal; a line every ~10 % (or 15 s) in logs."""
+
+    def __init__(self, total: int, stream=None):
+        self.total, self.t0 = total, time.perf_counter()
+        self.stream = stream or sys.stderr
+        self.tty = getattr(self.stream, "isatty", lambda: False)()
+        self._last_pct, self._last_t = -100, 0.0
+
+    def __call__(self, done: int, total: int, rec: dict) -> None:
+        now = time.perf_counter()
+        el = now - self.t0
+        pct = 100 * done // max(1, total)
+        if not self.tty and done < total and pct - self._last_pct < 10 and now - self._last_t < 15:
+            return
+        self._last_pct, self._last_t = pct, now
+        eta = el / done * (total - done) if done else 0
+        bar = "#" * (pct // 4) + "-" * (25 - pct // 4)
+        line = (f"aot: [{bar}] {done}/{total} {_fmt_s(el)} elapsed, ~{_fmt_s(eta)} left "
+                f"({rec['arch']} {rec['spec']['name'][:60]})")
+        if self.tty:
+            self.stream.write("\r" + line[:160].ljust(160) + ("\n" if done == total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _fmt_s(s: float) -> str:
+    return f"{int(s) // 60}m{int(s) % 60:02d}s"
+
+
+# ------------------------------------------------------------------------------------------------------
+# build
+# ------------------------------------------------------------------------------------------------------
+def compile_plans(plans: Sequence[ArchPlan], out: Path, jobs: int, progress: bool = True) -> dict:
+    """Compile every spec of every plan into ``out/<arch>/obj``; ``{arch: [.o paths]}``."""
     from .loader import build
 
-    specs = subset_specs(a.subset)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([s.to_json() for s in specs], f)
+    jobs_list = [(s, p.arch, out / p.arch / "obj") for p in plans for s in p.specs]
+    cb = Progress(len(jobs_list)) if progress else None
+    objs = build.compile_jobs(jobs_list, workers=jobs, on_done=cb)
+    res, i = {}, 0
+    for p in plans:
+        res[p.arch] = objs[i : i + len(p.specs)]
+        i += len(p.specs)
+    return res
+
+
+def manifest_extra(plans: Sequence[ArchPlan], fams: Sequence[AotFamily], absent: dict, subset: str,
+                   linker: str) -> dict:
+    """The AOT-specific fields of ``manifest.json`` (besides what :func:`prebuilt.write_manifest` writes)."""
+    from .loader.spec import family_source_hash
+
+    fam_info = {}
+    for f in fams:
+        try:
+            src = family_source_hash(f.name)
+        except Exception as e:  # a family the loader has no compile function for cannot be built anyway
+            src = f"unavailable ({e})"
+        fam_info[f.name] = {"module": f.module, "archs": list(f.archs), "sass_expect": list(f.sass_expect)
+                            if f.sass_expect is not None else None, "sass_allow_local": list(f.sass_allow_local),
+                            "source_hash": src}
+    return {
+        "subset": subset,
+        "linker": linker,
+        "families": fam_info,
+        "absent_family_modules": dict(absent),
+        "archs": {p.arch: ({"kernels": len(p.specs), "families": dict(p.per_family)} if p.specs
+                           else {"kernels": 0, "reason": p.reason}) for p in plans},
+    }
+
+
+def _say_plan(plans: Sequence[ArchPlan]) -> None:
+    for p in plans:
+        if p.specs:
+            fams = ", ".join(f"{n} {f}" for f, n in p.per_family.items())
+            print(f"aot: {p.arch}: {len(p.specs)} kernels ({fams})", flush=True)
+        else:
+            print(f"aot: {p.arch}: NO KERNELS, no library will be built for it: {p.reason}", flush=True)
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m w4a16_moe aot", description=__doc__.splitlines()[0])
+    ap.add_argument("--archs", default="sm_90a", help=f"comma- or semicolon-separated, of {', '.join(AOT_ARCHS)}")
+    ap.add_argument("--subset", default="full", choices=list(SUBSETS))
+    ap.add_argument("--out", help="prebuilt directory to write (manifest.json + <arch>/kernels.so)")
+    ap.add_argument("-j", "--jobs", type=int, default=2, help="compile processes (default 2)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--list", action="store_true", help="print the plan (per arch, per family) and exit")
+    mode.add_argument("--objects-only", action="store_true",
+                      help="compile + prepare the link in --out/<arch>/ (link.json) without linking (for CMake)")
+    ap.add_argument("--families", default=None,
+                    help=f"comma-separated family modules to enumerate (default: {', '.join(FAMILY_MODULES)})")
+    ap.add_argument("--keep-objects", action="store_true", help="keep --out/.obj (exported .o/.h/.json)")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    modules = tuple(m.strip() for m in a.families.split(",") if m.strip()) if a.families else FAMILY_MODULES
+    try:
+        archs = parse_archs(a.archs)
+        plans, fams, absent = plan_archs(archs, a.subset, modules)
+    except (ValueError, AotError) as e:
+        print(f"aot: error: {e}", file=sys.stderr)
+        return 2
+    _say_plan(plans)
+    if a.list:
+        for p in plans:
+            for s in p.specs:
+                print(f"{p.arch} {s.name}")
+        return 0
+    if not a.out:
+        ap.error("--out is required (except with --list)")
+    built = [p for p in plans if p.specs]
+    if not built:
+        print(f"aot: error: --archs {','.join(archs)} selects no kernels at all: "
+              + "; ".join(f"{p.arch}: {p.reason}" for p in plans), file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    from .loader import build
+
     t0 = time.perf_counter()
-    print(f"aot: {len(specs)} kernel specs x archs {a.archs} -> {a.out} ({a.jobs} workers)", flush=True)
-    rc = build.main(["--arch", a.archs, "--specs", f.name, "--prebuilt-dir", a.out, "-j", str(a.jobs)])
-    print(f"aot: done in {time.perf_counter() - t0:.0f} s", flush=True)
-    return rc
+    total = sum(len(p.specs) for p in built)
+    print(f"aot: compiling {total} kernels for {', '.join(p.arch for p in built)} ({a.subset}) with {a.jobs} "
+          f"workers -> {out}", flush=True)
+    work = out if a.objects_only else out / ".obj"
+    try:
+        objs = compile_plans(built, work, a.jobs, progress=not a.no_progress)
+    except build.BuildError as e:
+        print(f"aot: error: {e}", file=sys.stderr)
+        return 1
+    t_compile = time.perf_counter() - t0
+    if a.objects_only:
+        for p in built:
+            lp = build.prepare_link(objs[p.arch], out / p.arch)
+            (out / p.arch / "link.json").write_text(json.dumps(lp.to_json(), indent=1))
+        print(f"aot: compiled {total} kernels in {t_compile:.0f} s; link inputs in {out}/<arch>/link.json", flush=True)
+        return 0
+    from .loader.prebuilt import write_manifest
+
+    metas = []
+    for p in built:
+        meta = build.link_shared_library(objs[p.arch], out / p.arch / "kernels.so", meta_path=out / p.arch / "meta.json")
+        metas.append(out / p.arch / "meta.json")
+        print(f"aot: {p.arch}: kernels.so {meta['size'] / 2**20:.1f} MiB, {len(p.specs)} kernels", flush=True)
+    m = write_manifest(out, metas, extra=manifest_extra(plans, fams, absent, a.subset, "g++"))
+    if not a.keep_objects:
+        shutil.rmtree(out / ".obj", ignore_errors=True)
+    print(f"aot: done in {time.perf_counter() - t0:.0f} s (compile {t_compile:.0f} s): {len(m['kernels'])} kernels, "
+          f"manifest {out / 'manifest.json'}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

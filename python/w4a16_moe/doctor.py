@@ -1,8 +1,10 @@
 """``python -m w4a16_moe doctor [--json]``: what this machine can run, and which provider a case gets.
 
 Prints the device and its arch, the providers and why each is or is not available, the kernel
-cache location and prebuilt kernels, and the provider decision for a case (``--scheme``,
-``--dtype``, ``--hidden``, ``--intermediate``, ``--experts``, ``--activation``, ``--backend``).
+cache location, prebuilt kernels and the torch op library, the provider decision for a case
+(``--scheme``, ``--dtype``, ``--hidden``, ``--intermediate``, ``--experts``, ``--activation``,
+``--backend``) and where the CuTe kernels of that case would come from on ``--arch`` (default: this
+GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and why.
 """
 
 from __future__ import annotations
@@ -50,8 +52,31 @@ def _loader_info() -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+def _kernel_lookup(scheme: str, dtype: str, activation: str, experts: int, top_k: int, arch: str) -> dict:
+    """Where the SM90 CuTe kernels of a one-token call of the case come from on ``arch`` (no build, no load)."""
+    try:
+        from .formats.schemes import get_scheme
+        from .kernels.cute import sm90_family as fam
+        from .loader import kernel_status
+
+        sch = get_scheme(scheme)
+        dt = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
+        if sch.kind != "int4":
+            return {"arch": arch, "note": f"scheme {scheme}: no SM90 CuTe kernels (FP4 goes to Triton)"}
+        gated = get_activation(activation).gated
+        up, down = fam.gemm_configs(sch, dt, activation, gated, "deterministic", fam.select_tiles(top_k, experts))
+        out = {"arch": arch}
+        for which, cfg in (("gate_up", up), ("down", down)):
+            spec = fam.spec_for(cfg)
+            src, why = kernel_status(spec, arch)
+            out[which] = {"spec": spec.name, "source": src, "reason": why}
+        return out
+    except Exception as exc:  # the doctor must always print something useful
+        return {"arch": arch, "error": f"{type(exc).__name__}: {exc}"}
+
+
 def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, experts=384, top_k=8,
-           activation="swiglu", backend="auto", device: Optional[str] = None) -> dict:
+           activation="swiglu", backend="auto", device: Optional[str] = None, arch: Optional[str] = None) -> dict:
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = probe(dev)
     call = MoECall(
@@ -83,6 +108,7 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
         "case": {"scheme": call.scheme, "dtype": dtype, "hidden": hidden, "intermediate": intermediate,
                  "experts": experts, "top_k": top_k, "activation": activation},
         "decision": decision,
+        "kernel_lookup": _kernel_lookup(scheme, dtype, activation, experts, top_k, arch or info.arch or "sm_90a"),
     }
 
 
@@ -98,8 +124,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--backend", default="auto", choices=list(BACKENDS))
     ap.add_argument("--device", default=None, help="e.g. cuda:1 (default: cuda if available, else cpu)")
+    ap.add_argument("--arch", default=None, help="arch for the kernel lookup (default: the device's, else sm_90a)")
     a = ap.parse_args(argv)
-    r = report(a.scheme, a.dtype, a.hidden, a.intermediate, a.experts, a.top_k, a.activation, a.backend, a.device)
+    r = report(a.scheme, a.dtype, a.hidden, a.intermediate, a.experts, a.top_k, a.activation, a.backend, a.device,
+               a.arch)
     if a.json:
         json.dump(r, sys.stdout, indent=1)
         print()
@@ -117,4 +145,12 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"top-{c['top_k']} {c['activation']}")
     dec = r["decision"]
     print(f"decision : backend={dec['backend']} -> {dec['provider'] or 'none'}: {dec['reason']}")
+    look = r["kernel_lookup"]
+    for which in ("gate_up", "down"):
+        if which in look:
+            k = look[which]
+            print(f"kernel   : {look['arch']} {which}: {k['source'] or 'NOT AVAILABLE'}: {k['reason']}")
+    for key in ("note", "error"):
+        if key in look:
+            print(f"kernel   : {look['arch']}: {look[key]}")
     return 0

@@ -8,9 +8,11 @@
 3. the JIT cache (:mod:`.jit_cache`);
 4. JIT compilation into the cache (needs the CuTe DSL; forbidden by ``W4A16_MOE_DISABLE_JIT=1``).
 
-Each decision is logged at INFO on the ``"w4a16_moe"`` logger (``W4A16_MOE_LOG=info``). The callable is a
-:class:`~.library.Kernel`: ``kernel(*args)`` launches with Python ints/floats (pointers, scalars, stream
-handle; see :mod:`.library` for the argument conventions and :mod:`.build` for the C ABI).
+Each decision is logged at INFO on the ``"w4a16_moe"`` logger (``W4A16_MOE_LOG=info``); :func:`kernel_status`
+answers the same question without building or loading anything (for ``doctor`` and provider checks). The
+callable is a :class:`~.library.Kernel`: ``kernel(*args)`` launches with Python ints/floats (pointers,
+scalars, stream handle; see :mod:`.library` for the argument conventions and :mod:`.build` for the C ABI);
+grouped-GEMM kernels can also launch through the stable-ABI torch op library (:mod:`.torch_op`).
 
 The loader modules import neither ``cutlass`` nor ``torch`` nor CUDA Python (the DSL is imported only to compile).
 """
@@ -39,6 +41,8 @@ __all__ = [
     "register_family",
     "registered_families",
     "get_kernel",
+    "kernel_status",
+    "arch_of_capability",
     "detect_arch",
     "describe",
     "cache_dir",
@@ -65,10 +69,41 @@ def detect_arch(device: int = 0) -> str:
     major, minor = ctypes.c_int(), ctypes.c_int()
     cu.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
     cu.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)  # ..._MINOR
-    arch = f"sm_{major.value}{minor.value}a"
+    arch = arch_of_capability(major.value, minor.value)
     if arch not in SUPPORTED_ARCHS:
         raise RuntimeError(f"device {device} is {arch}; the loader builds only {SUPPORTED_ARCHS}")
     return arch
+
+
+def arch_of_capability(major: int, minor: int) -> str:
+    """The ``--gpu-arch`` name kernels are built for on a GPU of compute capability ``major.minor``: the
+    arch-specific ``a`` targets from SM90 on (``sm_90a``, ``sm_100a``, ``sm_120a``), plain ``sm_80`` /
+    ``sm_86`` / ``sm_89`` before."""
+    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+
+
+def kernel_status(spec: KernelSpec, arch: str) -> tuple:
+    """``(source, reason)`` for ``spec`` on ``arch`` without building or loading anything: ``source`` is
+    ``"prebuilt"``, ``"jit-cache"``, ``"jit"`` (would be compiled on first use) or None (not available),
+    ``reason`` says why (e.g. why no prebuilt kernel matched and why JIT cannot run)."""
+    from . import build, jit_cache, prebuilt
+
+    if (spec, arch) in _KERNELS:
+        return _ORIGIN.get((spec, arch), "prebuilt"), "already loaded in this process"
+    match, why = prebuilt.lookup(spec, arch)
+    if match is not None:
+        return "prebuilt", f"prebuilt {match.library}"
+    try:
+        hit = jit_cache.lookup(spec, arch)
+    except Exception as e:  # e.g. the family's sources cannot be hashed here
+        hit, why = None, f"{why}; JIT cache unusable ({e})"
+    if hit is not None:
+        return "jit-cache", f"no prebuilt ({why}); JIT cache {hit.library}"
+    if jit_disabled():
+        return None, f"no prebuilt ({why}), not in the JIT cache, and W4A16_MOE_DISABLE_JIT is set"
+    if not build.dsl_importable():
+        return None, f"no prebuilt ({why}), not in the JIT cache, and the CuTe DSL (nvidia-cutlass-dsl) is not installed"
+    return "jit", f"no prebuilt ({why}); would JIT-compile on first use"
 
 
 def get_kernel(spec: KernelSpec, arch: Optional[str] = None) -> Kernel:
@@ -141,16 +176,25 @@ def describe() -> dict:
     p = prebuilt.summary()
     if p["found"]:
         d["prebuilt"] = (
-            f"{p['kernels']} kernels in {p['libraries']} libraries at {p['dir']} "
-            f"(package {p['package_version']}{'' if p['matches_installed'] else ', MISMATCH with installed'}; "
+            f"{p['kernels']} kernels in {p['libraries']} libraries at {p['dir']} ({p.get('subset') or 'unknown'} subset; "
+            f"package {p['package_version']}"
+            f"{'' if p['matches_installed'] else f', MISMATCH with installed {build.package_version()}: not used'}; "
             + ", ".join(f"{a}: {n}" for a, n in p["per_arch"].items())
             + ")"
         )
     else:
         d["prebuilt"] = f"none ({p['reason']})"
+    for arch, why in (p.get("empty_archs") or {}).items():
+        d[f"prebuilt_{arch}"] = f"no kernels in this build: {why}"
     try:
         tk = build.find_cuda_toolkit()
         d["link_toolchain"] = f"cudart_static {tk.runtime_version} at {tk.cudart_static}"
     except Exception as e:
         d["link_toolchain"] = f"unavailable ({e})"
+    from . import torch_op
+
+    try:
+        d["torch_op"] = torch_op.describe()
+    except Exception as e:  # the doctor must always print something useful
+        d["torch_op"] = f"error: {type(e).__name__}: {e}"
     return d

@@ -14,6 +14,10 @@ Pipeline
    only the entry points listed below. The result must need only libc-family libraries (checked with
    ``readelf -d``): no libcuda (driver entry points are resolved at run time by the static cudart), no
    libcudart, no ``libcute_dsl_runtime.so``, no DSL or Python at run time.
+   The recipe is split so that CMake can run the compiler itself (the wheel build, ``CMakeLists.txt``):
+   :func:`prepare_link` writes the shim source + version script, :func:`link_commands` is the compiler
+   command line (its flags :data:`SHIM_CXXFLAGS`, :data:`LINK_FLAGS`, :data:`SYSTEM_LIBS` are what CMake
+   uses too), :func:`check_library` + :func:`write_meta` check the result and describe it.
 
 Why a shim: the DSL's header defines ``<prefix>_Kernel_Module_Load`` and ``cute_dsl_<prefix>_wrapper`` as
 ``static inline`` functions, so they are NOT symbols of the ``.o``. In addition the generated
@@ -67,7 +71,8 @@ of the ``.o`` filled by ``P_module_load``), but the load MUST happen first, once
 Sidecar ``<name>.json`` (in the object directory)::
 
     {"spec": {"name", "family", "params"}, "arch", "source_hash", "dsl_version",
-     "compile_s", "export_s", "object": "<name>.o", "header": "<name>.h", "abi": {...}}
+     "compile_s", "export_s", "object": "<name>.o", "header": "<name>.h", "abi": {...},
+     "cubins": [{"sha256", "size", "sm"}, ...]}     # the device code embedded in the .o (loader/sass.py)
 
 ``meta.json`` (beside the library)::
 
@@ -77,7 +82,7 @@ Sidecar ``<name>.json`` (in the object directory)::
      "cuda_runtime_version": 13000, "created_utc": "...", "link_s": <float>,
      "needed": ["libc.so.6", ...], "toolchain": {"cxx": "...", "cudart_static": "...",
      "dialect_runtime": "..."},
-     "kernels": [{"name", "family", "params", "source_hash", "compile_s", "export_s",
+     "kernels": [{"name", "family", "params", "source_hash", "compile_s", "export_s", "cubins": [...],
                   "abi": {"prefix", "return", "signature", "args": [...], "ciface"}}]}
 
 ``abi.args`` items: ``{"name", "kind", "ctype"}`` with kind ``ptr`` | ``scalar`` | ``half`` | ``bfloat16`` |
@@ -105,7 +110,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
-from .spec import KernelSpec, check_arch, family_source_hash, get_family
+from .spec import SUPPORTED_ARCHS, KernelSpec, family_source_hash, get_family
 
 log = logging.getLogger("w4a16_moe")
 
@@ -130,6 +135,18 @@ ALLOWED_NEEDED = frozenset(
 
 class BuildError(RuntimeError):
     """Compiling, exporting or linking a kernel library failed."""
+
+
+#: ``--gpu-arch`` values a kernel library can be built for: the loader's archs plus those the AOT build
+#: accepts for other families (the portable warp-MMA family targets sm_80 .. sm_120a).
+BUILD_ARCHS = tuple(dict.fromkeys(("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a") + tuple(SUPPORTED_ARCHS)))
+
+
+def check_build_arch(arch: str) -> str:
+    """``arch`` if kernels can be built for it, else ValueError naming the accepted values."""
+    if arch not in BUILD_ARCHS:
+        raise ValueError(f"arch {arch!r}: kernel libraries are built for one of {BUILD_ARCHS}")
+    return arch
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -500,7 +517,7 @@ def exported_symbols(names: Iterable[str]) -> list:
 # ------------------------------------------------------------------------------------------------------
 def compile_one(spec: KernelSpec, arch: str, out_dir: Path) -> dict:
     """Compile + export one spec into ``out_dir``; returns (and writes) its sidecar record."""
-    check_arch(arch)
+    check_build_arch(arch)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     info = get_family(spec.family)
@@ -529,6 +546,11 @@ def compile_one(spec: KernelSpec, arch: str, out_dir: Path) -> dict:
     t2 = time.perf_counter()
     header = (out_dir / f"{name}.h").read_text()
     abi = parse_header_abi(header, name)
+    from .sass import extract_cubins
+
+    cubins = extract_cubins((out_dir / f"{name}.o").read_bytes())
+    if not cubins:
+        raise BuildError(f"export_to_c of {name} for {arch}: no cubin embedded in {name}.o")
     rec = {
         "spec": spec.to_json(),
         "arch": arch,
@@ -539,6 +561,8 @@ def compile_one(spec: KernelSpec, arch: str, out_dir: Path) -> dict:
         "object": f"{name}.o",
         "header": f"{name}.h",
         "abi": abi,
+        # identifies this kernel's device code inside any linked library (see loader/sass.py)
+        "cubins": [c.describe() for c in cubins],
     }
     (out_dir / f"{name}.json").write_text(json.dumps(rec, indent=1, sort_keys=True))
     log.info("compiled %s for %s: compile %.3f s, export %.3f s", name, arch, t1 - t0, t2 - t1)
@@ -561,37 +585,62 @@ def _family_ref(family: str) -> tuple:
     return family, ref, tuple(info.sources)
 
 
-def _compile_worker(spec_jsons: list, arch: str, out_dir: str, families: list, log_level: int) -> list:
+def compile_objects_parallel(specs: Sequence[KernelSpec], arch: str, out_dir, workers: Optional[int] = None) -> list:
+    """Like :func:`compile_objects`, spread over ``workers`` spawned processes (see :func:`compile_jobs`).
+    Returns ``.o`` paths in the order of ``specs``."""
+    return compile_jobs([(s, arch, Path(out_dir)) for s in specs], workers)
+
+
+def compile_jobs(jobs: Sequence, workers: Optional[int] = None, on_done=None, chunk: Optional[int] = None) -> list:
+    """Compile ``jobs`` = ``[(spec, arch, out_dir), ...]`` in a pool of ``workers`` spawned processes (each
+    imports the DSL once, ~1 s, and then takes chunks of ``chunk`` jobs); ``on_done(n_done, n_total,
+    record)`` is called in this process after every finished job (progress display). Families registered
+    with a callable must be importable as ``module:qualname`` in the workers. Returns the ``.o`` paths in
+    the order of ``jobs``; the first failure raises :class:`BuildError` after the pool is shut down."""
+    jobs = [(s, a, Path(d)) for s, a, d in jobs]
+    if not jobs:
+        return []
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    out = []
+    if workers == 1:
+        for i, (s, a, d) in enumerate(jobs):
+            rec = compile_one(s, a, d)
+            out.append(d / rec["object"])
+            if on_done:
+                on_done(i + 1, len(jobs), rec)
+        return out
+    import multiprocessing as mp
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    chunk = chunk or max(1, min(8, len(jobs) // (workers * 4)))
+    parts = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
+    fams = [_family_ref(f) for f in sorted({s.family for s, _, _ in jobs})]
+    lvl = logging.getLogger("w4a16_moe").getEffectiveLevel()
+    done = 0
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+        futs = {ex.submit(_compile_worker_jobs, [(s.to_json(), a, str(d)) for s, a, d in p], fams, lvl) for p in parts}
+        pending = set(futs)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in finished:
+                if f.exception() is not None:
+                    for p in pending:
+                        p.cancel()
+                    raise f.exception()
+                for rec in f.result():
+                    done += 1
+                    if on_done:
+                        on_done(done, len(jobs), rec)
+    return [d / f"{s.name}.o" for s, _, d in jobs]
+
+
+def _compile_worker_jobs(jobs: list, families: list, log_level: int) -> list:
     from .spec import register_family
 
     logging.getLogger("w4a16_moe").setLevel(log_level)
     for fam, ref, srcs in families:
         register_family(fam, ref, sources=srcs, replace=True)
-    specs = [KernelSpec.from_json(d) for d in spec_jsons]
-    return [str(p) for p in compile_objects(specs, arch, out_dir)]
-
-
-def compile_objects_parallel(specs: Sequence[KernelSpec], arch: str, out_dir, workers: Optional[int] = None) -> list:
-    """Like :func:`compile_objects`, split round-robin over ``workers`` spawned processes (each imports the
-    DSL once, ~1 s, and compiles its subset). Families registered with a callable must be importable as
-    ``module:qualname`` in the workers. Returns ``.o`` paths in the order of ``specs``."""
-    specs = list(specs)
-    if not specs:
-        return []
-    workers = max(1, min(workers or os.cpu_count() or 1, len(specs)))
-    if workers == 1:
-        return compile_objects(specs, arch, out_dir)
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
-    chunks = [specs[i::workers] for i in range(workers)]
-    fams = [_family_ref(f) for f in sorted({s.family for s in specs})]
-    lvl = logging.getLogger("w4a16_moe").getEffectiveLevel()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
-        futs = [ex.submit(_compile_worker, [s.to_json() for s in c], arch, str(out_dir), fams, lvl) for c in chunks]
-        results = [f.result() for f in futs]
-    by_name = {Path(p).stem: Path(p) for r in results for p in r}
-    return [by_name[s.name] for s in specs]
+    return [compile_one(KernelSpec.from_json(sj), arch, Path(d)) for sj, arch, d in jobs]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -624,24 +673,58 @@ def _cxx_version(cxx: str) -> str:
         return "unknown"
 
 
-def link_shared_library(objs: Sequence, out_path, *, meta_path=None, strip: bool = True, check: bool = True) -> dict:
-    """Link exported kernel objects into one self-contained ``.so`` and write its ``meta.json``.
+# One recipe for every kernel library, whoever runs it (this module with g++ for the JIT cache and
+# ``python -m w4a16_moe aot --out``; CMake for the wheel, which reads these through aot/cmake_steps.py).
+SHIM_CXXFLAGS = ("-O2", "-fPIC", "-fvisibility=hidden")
+LINK_FLAGS = ("-static-libgcc", "-Wl,--as-needed", "-Wl,-z,defs", "-Wl,--exclude-libs,ALL")
+SYSTEM_LIBS = ("dl", "pthread", "rt")
+SHIM_SOURCE = "w4a16_moe_shims.cpp"
+VERSION_SCRIPT = "exports.map"
 
-    ``objs`` are ``<name>.o`` paths produced by :func:`compile_objects` (their ``<name>.h`` and ``<name>.json``
-    must sit beside them). ``meta_path`` defaults to ``meta.json`` in the directory of ``out_path``.
-    Returns the meta dict. With ``check``, raises :class:`BuildError` if the library needs anything beyond
-    :data:`ALLOWED_NEEDED` or does not export exactly the expected entry points.
-    """
+
+@dataclass
+class LinkPlan:
+    """Everything needed to link one kernel library from exported objects (see :func:`prepare_link`)."""
+
+    arch: str
+    names: list
+    objects: list  # Path of every <name>.o, in kernel order
+    records: list  # their sidecar records
+    shim_source: Path  # generated C++ (all shims + the library-wide entry points), one translation unit
+    version_script: Path  # exports exactly exported_symbols(names)
+    cuda_include: Path
+    dialect_runtime: Path  # libcuda_dialect_runtime_static.a of the DSL
+    cudart_static: Path
+    cuda_runtime_version: int
+
+    def to_json(self) -> dict:
+        return {
+            "arch": self.arch, "names": self.names, "objects": [str(o) for o in self.objects],
+            "shim_source": str(self.shim_source), "version_script": str(self.version_script),
+            "cuda_include": str(self.cuda_include), "dialect_runtime": str(self.dialect_runtime),
+            "cudart_static": str(self.cudart_static), "cuda_runtime_version": self.cuda_runtime_version,
+            "shim_cxxflags": list(SHIM_CXXFLAGS), "link_flags": list(LINK_FLAGS), "system_libs": list(SYSTEM_LIBS),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LinkPlan":
+        objs = [Path(o) for o in d["objects"]]
+        return cls(d["arch"], list(d["names"]), objs, [json.loads(o.with_suffix(".json").read_text()) for o in objs],
+                   Path(d["shim_source"]), Path(d["version_script"]), Path(d["cuda_include"]),
+                   Path(d["dialect_runtime"]), Path(d["cudart_static"]), int(d["cuda_runtime_version"]))
+
+
+def prepare_link(objs: Sequence, work_dir) -> LinkPlan:
+    """Check the exported objects ``objs`` (their ``.h`` and sidecar ``.json`` beside them; one arch,
+    distinct names) and write the shim source and the version script into ``work_dir``."""
     objs = [Path(o) for o in objs]
     if not objs:
-        raise BuildError("link_shared_library: no objects")
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+        raise BuildError("link: no objects (an arch without kernels gets no library)")
     recs = []
     for o in objs:
         side = o.with_suffix(".json")
-        if not side.exists() or not o.with_suffix(".h").exists():
-            raise BuildError(f"{o}: missing {side.name} or {o.with_suffix('.h').name} (not built by compile_objects?)")
+        if not side.exists() or not o.with_suffix(".h").exists() or not o.exists():
+            raise BuildError(f"{o}: missing {o.name}, {side.name} or {o.with_suffix('.h').name} (not built by compile_objects?)")
         recs.append(json.loads(side.read_text()))
     archs = {r["arch"] for r in recs}
     if len(archs) != 1:
@@ -650,71 +733,108 @@ def link_shared_library(objs: Sequence, out_path, *, meta_path=None, strip: bool
     names = [r["spec"]["name"] for r in recs]
     if len(set(names)) != len(names):
         raise BuildError("duplicate kernel names in one library")
-
     tk = find_cuda_toolkit()
     dialect = find_dsl_lib_dir() / "libcuda_dialect_runtime_static.a"
     if not dialect.exists():
         raise BuildError(f"missing {dialect}")
-    cxx = _cxx()
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    parts = [_generate_lib_source(arch, names)]
+    for o, r in zip(objs, recs):
+        header = o.with_suffix(".h")
+        parts.append(generate_shim(str(header.resolve()), header.read_text(), r["abi"]))
+    src = work / SHIM_SOURCE
+    _write_if_changed(src, "\n".join(parts))
+    vscript = work / VERSION_SCRIPT
+    _write_if_changed(vscript, "{\n  global:\n" + "".join(f"    {x};\n" for x in exported_symbols(names)) + "  local: *;\n};\n")
+    return LinkPlan(arch, names, objs, recs, src, vscript, tk.include_dir, dialect, tk.cudart_static, tk.runtime_version)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    """Keep the mtime of unchanged generated files (CMake/ninja then relink nothing)."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def link_commands(plan: LinkPlan, out_path, *, strip: bool = True, cxx: Optional[str] = None) -> list:
+    """The compiler commands :func:`link_shared_library` runs (shim compile, link): the recipe CMake mirrors."""
+    cxx = cxx or _cxx()
+    shim_obj = plan.shim_source.with_suffix(".o")
+    compile_cmd = [cxx, "-c", *SHIM_CXXFLAGS, f"-I{plan.cuda_include}", str(plan.shim_source), "-o", str(shim_obj)]
+    link_cmd = [
+        cxx, "-shared", "-fPIC", "-o", str(out_path),
+        *map(str, plan.objects), str(shim_obj),
+        str(plan.dialect_runtime), str(plan.cudart_static),
+        *(f"-l{x}" for x in SYSTEM_LIBS),
+        *LINK_FLAGS, f"-Wl,--version-script={plan.version_script}",
+    ] + (["-s"] if strip else [])
+    return [compile_cmd, link_cmd]
+
+
+def link_shared_library(objs: Sequence, out_path, *, meta_path=None, strip: bool = True, check: bool = True) -> dict:
+    """Link exported kernel objects into one self-contained ``.so`` with g++ and write its ``meta.json``.
+
+    ``objs`` are ``<name>.o`` paths produced by :func:`compile_objects` (their ``<name>.h`` and ``<name>.json``
+    must sit beside them). ``meta_path`` defaults to ``meta.json`` in the directory of ``out_path``.
+    Returns the meta dict. With ``check``, raises :class:`BuildError` if the library needs anything beyond
+    :data:`ALLOWED_NEEDED` or does not export exactly the expected entry points.
+    """
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     work = out_path.parent / f".{out_path.stem}.link{os.getpid()}"
-    work.mkdir(exist_ok=True)
     tmp_out = out_path.with_name(out_path.name + f".tmp{os.getpid()}")
-    syms = exported_symbols(names)
+    cxx = _cxx()
     try:
-        # one translation unit for all shims (one compiler start instead of one per kernel)
-        src = work / "w4a16_moe_shims.cpp"
-        parts = [_generate_lib_source(arch, names)]
-        for o, r in zip(objs, recs):
-            header = o.with_suffix(".h")
-            parts.append(generate_shim(str(header.resolve()), header.read_text(), r["abi"]))
-        src.write_text("\n".join(parts))
-        shim_obj = src.with_suffix(".o")
-        _run([cxx, "-c", "-O2", "-fPIC", "-fvisibility=hidden", f"-I{tk.include_dir}", str(src), "-o", str(shim_obj)], "shim compile")
-        vscript = work / "exports.map"
-        vscript.write_text("{\n  global:\n" + "".join(f"    {s};\n" for s in syms) + "  local: *;\n};\n")
-        cmd = [
-            cxx, "-shared", "-fPIC", "-o", str(tmp_out),
-            *map(str, objs), str(shim_obj),
-            str(dialect), str(tk.cudart_static),
-            "-ldl", "-lpthread", "-lrt",
-            "-static-libgcc", "-Wl,--as-needed", "-Wl,-z,defs", "-Wl,--exclude-libs,ALL",
-            f"-Wl,--version-script={vscript}",
-        ]
-        if strip:
-            cmd.append("-s")
-        _run(cmd, "link")
+        plan = prepare_link(objs, work)
+        for cmd, what in zip(link_commands(plan, tmp_out, strip=strip, cxx=cxx), ("shim compile", "link")):
+            _run(cmd, what)
         link_s = time.perf_counter() - t0
-        needed = read_needed(tmp_out)
         if check:
-            bad = [n for n in needed if n not in ALLOWED_NEEDED]
-            if bad:
-                raise BuildError(f"{out_path.name} would need non-libc libraries {bad} (NEEDED={needed})")
-            got = set(read_dynamic_symbols(tmp_out))
-            missing, extra = set(syms) - got, got - set(syms)
-            if missing or extra:
-                raise BuildError(f"{out_path.name}: export mismatch; missing {sorted(missing)}, unexpected {sorted(extra)[:10]}")
+            check_library(tmp_out, plan.names, out_path.name)
         os.replace(tmp_out, out_path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if tmp_out.exists():
             tmp_out.unlink()
+    return write_meta(plan, out_path, meta_path=meta_path, link_s=link_s, linker=_cxx_version(cxx))
 
+
+def check_library(lib_path, names: Sequence[str], label: Optional[str] = None) -> list:
+    """Raise :class:`BuildError` unless ``lib_path`` needs only :data:`ALLOWED_NEEDED` and exports exactly
+    :func:`exported_symbols` of ``names``; returns its NEEDED list."""
+    label = label or Path(lib_path).name
+    needed = read_needed(lib_path)
+    bad = [n for n in needed if n not in ALLOWED_NEEDED]
+    if bad:
+        raise BuildError(f"{label} would need non-libc libraries {bad} (NEEDED={needed})")
+    syms = set(exported_symbols(names))
+    got = set(read_dynamic_symbols(lib_path))
+    missing, extra = syms - got, got - syms
+    if missing or extra:
+        raise BuildError(f"{label}: export mismatch; missing {sorted(missing)}, unexpected {sorted(extra)[:10]}")
+    return needed
+
+
+def write_meta(plan: LinkPlan, lib_path, *, meta_path=None, link_s: float = 0.0, linker: str = "") -> dict:
+    """Write ``meta.json`` (see the module docstring) for the library ``lib_path`` linked from ``plan``."""
+    lib_path = Path(lib_path)
+    recs = plan.records
     meta = {
         "format": META_FORMAT,
         "format_version": META_FORMAT_VERSION,
         "abi_version": ABI_VERSION,
-        "library": out_path.name,
-        "sha256": sha256_file(out_path),
-        "size": out_path.stat().st_size,
-        "arch": arch,
+        "library": lib_path.name,
+        "sha256": sha256_file(lib_path),
+        "size": lib_path.stat().st_size,
+        "arch": plan.arch,
         "dsl_version": recs[0].get("dsl_version") or dsl_version(),
         "package_version": package_version(),
-        "cuda_runtime_version": tk.runtime_version,
+        "cuda_runtime_version": plan.cuda_runtime_version,
         "created_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "link_s": round(link_s, 4),
-        "needed": needed,
-        "toolchain": {"cxx": _cxx_version(cxx), "cudart_static": str(tk.cudart_static), "dialect_runtime": str(dialect)},
+        "needed": read_needed(lib_path),
+        "toolchain": {"cxx": linker, "cudart_static": str(plan.cudart_static), "dialect_runtime": str(plan.dialect_runtime)},
         "kernels": [
             {
                 **r["spec"],
@@ -722,15 +842,16 @@ def link_shared_library(objs: Sequence, out_path, *, meta_path=None, strip: bool
                 "compile_s": r["compile_s"],
                 "export_s": r["export_s"],
                 "abi": r["abi"],
+                "cubins": r.get("cubins", []),
             }
             for r in recs
         ],
     }
-    mp_ = Path(meta_path) if meta_path else out_path.parent / "meta.json"
+    mp_ = Path(meta_path) if meta_path else lib_path.parent / "meta.json"
     tmp_meta = mp_.with_name(mp_.name + f".tmp{os.getpid()}")
     tmp_meta.write_text(json.dumps(meta, indent=1, sort_keys=True))
     os.replace(tmp_meta, mp_)
-    log.info("linked %s: %d kernel(s), %.1f KiB, %.3f s", out_path.name, len(names), meta["size"] / 1024, link_s)
+    log.info("linked %s: %d kernel(s), %.1f KiB, %.3f s", lib_path.name, len(plan.names), meta["size"] / 1024, link_s)
     return meta
 
 

@@ -12,7 +12,12 @@ Directory (``$W4A16_MOE_PREBUILT_DIR`` overrides it)::
      "libraries": [{"file": "sm_90a/kernels.so", "meta": "sm_90a/meta.json", "arch": "sm_90a",
                     "sha256": "...", "size": 123}],
      "kernels":   [{"name": "<spec.name>", "family": "...", "params": {...}, "arch": "sm_90a",
-                    "library": "sm_90a/kernels.so", "source_hash": "..."}]}
+                    "library": "sm_90a/kernels.so", "source_hash": "..."}],
+     # written by the AOT build (w4a16_moe.aot.manifest_extra), optional for the loader:
+     "subset": "smoke", "linker": "cmake" | "g++",
+     "families": {"<family>": {"module", "archs", "sass_expect", "source_hash"}},
+     "absent_family_modules": {"<module>": "why"},
+     "archs": {"sm_90a": {"kernels": 30, "families": {...}}, "sm_100a": {"kernels": 0, "reason": "..."}}}
 
 A kernel matches when ``name`` and ``arch`` are equal, the manifest's ``package_version`` equals the
 installed one, its ``abi_version`` equals the loader's, and (when the kernel family's sources can be hashed
@@ -100,13 +105,21 @@ def lookup(spec: KernelSpec, arch: str, directory: Optional[Path] = None) -> tup
         return None, reason
     pv = package_version()
     if m.get("package_version") != pv:
-        return None, f"prebuilt manifest is for package version {m.get('package_version')}, installed is {pv}"
+        return None, (
+            f"prebuilt manifest {d / 'manifest.json'} is for package version {m.get('package_version')}, installed is "
+            f"{pv} (kernels are only used by the version that built them: rebuild them with `python -m w4a16_moe aot` "
+            "or install the matching wheel)"
+        )
     if int(m.get("abi_version", -1)) != ABI_VERSION:
         return None, f"prebuilt libraries use loader ABI {m.get('abi_version')}, this loader uses {ABI_VERSION}"
     kernels = m.get("kernels", [])
     same = [k for k in kernels if k.get("name") == spec.name]
     hit = next((k for k in same if k.get("arch") == arch), None)
     if hit is None:
+        why_arch = (m.get("archs") or {}).get(arch, {}).get("reason")
+        if why_arch:
+            also = f" ({spec.name} is prebuilt for {sorted({k.get('arch') for k in same})})" if same else ""
+            return None, f"the prebuilt build has no kernels for {arch}: {why_arch}{also}"
         if same:
             return None, f"{spec.name} is prebuilt only for {sorted({k.get('arch') for k in same})}, not {arch}"
         fam = [k for k in kernels if k.get("family") == spec.family and k.get("arch") == arch]
@@ -154,8 +167,9 @@ def _verify_library(d: Path, manifest: dict, rel: str) -> tuple:
         return res
 
 
-def write_manifest(directory, meta_paths) -> dict:
-    """Write ``<directory>/manifest.json`` from the ``meta.json`` files of libraries inside ``directory``.
+def write_manifest(directory, meta_paths, extra: Optional[dict] = None) -> dict:
+    """Write ``<directory>/manifest.json`` from the ``meta.json`` files of libraries inside ``directory``
+    (plus the fields of ``extra``, e.g. the AOT build's per-arch and per-family summary).
 
     For the AOT step: ``build.build_library(specs, arch, <dir>/<arch>/kernels.so)`` per arch, then this.
     """
@@ -182,6 +196,10 @@ def write_manifest(directory, meta_paths) -> dict:
         "libraries": libs,
         "kernels": kernels,
     }
+    for k, v in (extra or {}).items():
+        if k in manifest:
+            raise ValueError(f"write_manifest: extra field {k!r} would replace a core manifest field")
+        manifest[k] = v
     tmp = d / f"manifest.json.tmp{os.getpid()}"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True))
     os.replace(tmp, d / "manifest.json")
@@ -198,6 +216,8 @@ def summary(directory: Optional[Path] = None) -> dict:
     return {
         "dir": str(d),
         "found": True,
+        "subset": m.get("subset"),
+        "empty_archs": {a: v.get("reason", "") for a, v in (m.get("archs") or {}).items() if not v.get("kernels")},
         "package_version": m.get("package_version"),
         "matches_installed": m.get("package_version") == package_version(),
         "dsl_version": m.get("dsl_version"),

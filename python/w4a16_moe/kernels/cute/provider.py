@@ -233,11 +233,31 @@ def _launch(family, cfg, packed, act, out, plan, topk_weights, num_experts, n, k
         assert counters is not None and counters.numel() >= tiles
     else:
         ws = counters = plan.route_start  # never read when num_splits == 1
-    (kernel or _kernel(family, cfg))(
+    kern = kernel or _kernel(family, cfg)
+    launcher = _launcher(kern)
+    if launcher is not None:  # the stable-ABI torch op (torch's current stream), else ctypes
+        launcher(packed.data, act, out, plan.sorted_routes, plan.route_start, plan.block_start, topk_weights, ws,
+                 counters, num_experts, n, k, num_routes, top_k, max_tiles, splits)
+        return
+    kern(
         packed.data.data_ptr(), act.data_ptr(), out.data_ptr(), plan.sorted_routes.data_ptr(),
         plan.route_start.data_ptr(), plan.block_start.data_ptr(), topk_weights.data_ptr(), ws.data_ptr(),
         counters.data_ptr(), num_experts, n, k, num_routes, top_k, max_tiles, splits, _stream(),
     )
+
+
+_LAUNCHERS: dict = {}
+
+
+def _launcher(kernel):
+    """``torch.ops.w4a16_moe_C.grouped_gemm`` bound to ``kernel`` (:func:`w4a16_moe.loader.torch_op.gemm_launcher`:
+    about half the host cost of a ctypes call), or None when the op library is unavailable."""
+    key = id(kernel)
+    if key not in _LAUNCHERS:
+        from ...loader.torch_op import gemm_launcher
+
+        _LAUNCHERS[key] = (kernel, gemm_launcher(kernel))  # keeps the kernel alive with its id
+    return _LAUNCHERS[key][1]
 
 
 def _check_capture(family: Family, weights, cfgs, dtype) -> None:

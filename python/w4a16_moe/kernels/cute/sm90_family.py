@@ -200,26 +200,27 @@ def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
     return max(1, min(8, k_tiles, (2 * SM_COUNT) // ctas))
 
 
-def selectable_tiles() -> list:
-    """The tile shapes a call can select: the rule's buckets plus every candidate the tuned table uses."""
-    used = {row[1] for rows in _tuned_table().values() for row in rows if len(row) < 4 or row[3] == "sm90"}
+def selectable_tiles(scheme: Optional[str] = None) -> list:
+    """The tile shapes a call can select: the rule's buckets plus every candidate the tuned table uses
+    (for ``scheme`` only, when given: tuned rows are keyed by scheme)."""
+    used = {row[1] for key, rows in _tuned_table().items() for row in rows
+            if (len(row) < 4 or row[3] == "sm90") and (scheme is None or f"|{scheme}|" in key)}
     return [t for _, t in TILES] + [CANDIDATES[b] for b in sorted(used) if b >= len(TILES)]
 
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
              tiles: Optional[Iterable[dict]] = None) -> list:
-    """Every spec the provider can select for the given schemes (default: every scheme, and the tile
-    shapes of :func:`selectable_tiles`)."""
+    """Every spec the provider can select for the given schemes (default: every scheme, each with the tile
+    shapes of :func:`selectable_tiles` for it)."""
     from ...formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
-    tiles = list(tiles) if tiles is not None else selectable_tiles()
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:
-            for t in tiles:
+            for t in (list(tiles) if tiles is not None else selectable_tiles(sch.name)):
                 for act in activations:
                     for fin in finalizes:
                         gated = act in ("swiglu", "geglu")

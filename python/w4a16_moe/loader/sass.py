@@ -1,0 +1,289 @@
+"""SASS checks of built kernels, without a GPU: ``python -m w4a16_moe.loader.sass DIR [--json]``.
+
+The CuTe DSL embeds each kernel's cubin (a CUDA ELF image) as plain data in the exported ``.o``; linking
+copies it byte for byte into the kernel library. :func:`extract_cubins` finds those images in any file
+(object or ``.so``) by their ELF headers (``e_machine`` = EM_CUDA). At compile time :mod:`.build` records
+the SHA-256 of each kernel's cubins in its sidecar and in ``meta.json``, so a cubin found in a library maps
+back to its kernel.
+
+:func:`check_dir` disassembles every cubin with ``nvdisasm`` and checks per kernel:
+
+* the instructions its family must use (``sass_expect``): ``HGMMA`` for the SM90 WGMMA family,
+  ``HMMA`` for warp-MMA families (from the manifest's ``families`` table, else :data:`DEFAULT_EXPECT`);
+* no local-memory traffic (``LDL`` / ``STL``: register spills or stack arrays), except where the family
+  declares it acceptable for an arch (manifest ``families[f].sass_allow_local``) or ``--allow-local`` names
+  the family: then it is a warning;
+* every kernel has its cubin and every cubin belongs to a kernel.
+
+``DIR`` is a prebuilt directory (``manifest.json`` + ``<arch>/meta.json`` + libraries, e.g. an installed
+``w4a16_moe/_prebuilt``) or a directory of exported objects (``<name>.o`` + sidecar ``<name>.json``).
+
+``nvdisasm`` is looked up in ``$W4A16_MOE_NVDISASM``, ``PATH``, the CUDA toolkit, the ``nvidia-cuda-nvdisasm``
+wheel (``nvidia/cu13/bin``) and Triton's bundled copy, in that order (:func:`find_nvdisasm`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disassemble", "opcode_counts", "check_opcodes",
+           "local_memory", "check_dir", "main"]
+
+EM_CUDA = 190
+#: instructions a kernel of a family must contain (families not listed: only the local-memory check)
+DEFAULT_EXPECT = {"sm90_w4a16_gemm": ("HGMMA",), "selftest_axpy": ()}
+#: local-memory instructions no kernel may contain
+FORBIDDEN = ("LDL", "STL")
+#: opcodes reported in summaries
+REPORTED = ("HGMMA", "HMMA", "UTCHMMA", "UTCQMMA", "LDL", "STL")
+
+
+class SassToolError(RuntimeError):
+    """No usable disassembler, or it failed."""
+
+
+@dataclass(frozen=True)
+class Cubin:
+    """One CUDA ELF image found inside a file."""
+
+    offset: int
+    data: bytes
+    sm: int  # SM number from e_flags (90 = sm_90/sm_90a)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    def describe(self) -> dict:
+        return {"sha256": self.sha256, "size": len(self.data), "sm": self.sm}
+
+
+def _elf_end(b: bytes, off: int) -> Optional[int]:
+    """Length of the 64-bit little-endian CUDA ELF image at ``off`` (None if the header is not one)."""
+    if len(b) < off + 64 or b[off + 4] != 2 or b[off + 5] != 1:
+        return None
+    (machine,) = struct.unpack_from("<H", b, off + 18)
+    if machine != EM_CUDA:
+        return None
+    phoff, shoff = struct.unpack_from("<QQ", b, off + 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", b, off + 0x36)
+    if shentsize != 64 or (phnum and phentsize != 56):
+        return None
+    end = max(64, shoff + shnum * shentsize, phoff + phnum * phentsize)
+    if off + end > len(b):
+        return None
+    for i in range(shnum):  # sections may lie after the tables
+        sh = off + shoff + i * shentsize
+        sh_type, = struct.unpack_from("<I", b, sh + 4)
+        sh_offset, sh_size = struct.unpack_from("<QQ", b, sh + 0x18)
+        if sh_type != 8:  # SHT_NOBITS occupies no bytes
+            end = max(end, sh_offset + sh_size)
+    return end if off + end <= len(b) else None
+
+
+def extract_cubins(data: bytes) -> list:
+    """Every CUDA ELF image embedded in ``data`` (an object file, a shared library, a cubin), in order."""
+    out, pos = [], 0
+    while True:
+        i = data.find(b"\x7fELF", pos)
+        if i < 0:
+            return out
+        end = _elf_end(data, i)
+        if end is None:
+            pos = i + 4
+            continue
+        (flags,) = struct.unpack_from("<I", data, i + 0x30)
+        out.append(Cubin(i, bytes(data[i : i + end]), (flags >> 8) & 0xFF))
+        pos = i + end
+
+
+def find_nvdisasm() -> Path:
+    """Path of an ``nvdisasm`` executable (see the module docstring), or :class:`SassToolError`."""
+    cands = []
+    env = os.environ.get("W4A16_MOE_NVDISASM")
+    if env:
+        cands.append(Path(env))
+    w = shutil.which("nvdisasm")
+    if w:
+        cands.append(Path(w))
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            cands.append(Path(os.environ[var]) / "bin" / "nvdisasm")
+    cands.append(Path("/usr/local/cuda/bin/nvdisasm"))
+    import importlib.util
+
+    for pkg, rel in (("nvidia", "cu13/bin/nvdisasm"), ("nvidia", "cuda_nvdisasm/bin/nvdisasm"),
+                     ("triton", "backends/nvidia/bin/nvdisasm")):
+        spec = importlib.util.find_spec(pkg)
+        for base in (spec.submodule_search_locations or []) if spec else []:
+            cands.append(Path(base) / rel)
+    for c in cands:
+        if c.is_file() and os.access(c, os.X_OK):
+            return c
+    raise SassToolError(
+        "nvdisasm not found (tried $W4A16_MOE_NVDISASM, PATH, CUDA_HOME, /usr/local/cuda, the nvidia-cuda-nvdisasm "
+        "and triton packages); `pip install nvidia-cuda-nvdisasm` provides it"
+    )
+
+
+def disassemble(cubin: bytes, nvdisasm: Optional[Path] = None) -> str:
+    """SASS text of one cubin (``nvdisasm``)."""
+    tool = nvdisasm or find_nvdisasm()
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        p = subprocess.run([str(tool), "-c", "-ndf", f.name], capture_output=True, text=True)  # code only, no dataflow analysis
+    if p.returncode != 0:
+        raise SassToolError(f"{tool} failed ({p.returncode}): {p.stderr.strip()[:500]}")
+    return p.stdout
+
+
+_INSN_RE = re.compile(r"^\s*(?:/\*[0-9a-f]+\*/\s*)?(?:\{\s*)?(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)(?:\.[A-Za-z0-9_.]+)?\b[^;]*;",
+                      re.M)
+
+
+def opcode_counts(sass: str) -> Counter:
+    """Base opcodes (``HGMMA`` of ``HGMMA.64x8x16.F32.BF16``) and how often each occurs."""
+    return Counter(m.group(1) for m in _INSN_RE.finditer(sass))
+
+
+def local_memory(ops: Counter) -> list:
+    """One line per local-memory instruction kind present (``LDL`` / ``STL``)."""
+    return [f"{ops[x]} {x} instruction(s): local memory (spills or stack arrays)" for x in FORBIDDEN if ops.get(x)]
+
+
+def check_opcodes(ops: Counter, expect: Optional[Sequence[str]], allow_local: bool = False) -> list:
+    """Problems of one kernel: a missing expected instruction; local-memory instructions (unless
+    ``allow_local``: then :func:`local_memory` reports them as warnings)."""
+    probs = [f"no {x} instruction (its family must use {x})" for x in (expect or ()) if not ops.get(x)]
+    return probs if allow_local else probs + local_memory(ops)
+
+
+# ------------------------------------------------------------------------------------------------------
+# directory checks
+# ------------------------------------------------------------------------------------------------------
+def _kernel_sets(d: Path) -> tuple:
+    """``(groups, expectations, allowed)``: groups = [(file holding the cubins, arch, [kernel record with
+    'cubins'])], allowed = {(family, arch)} whose local memory is accepted."""
+    manifest = d / "manifest.json"
+    expect = {f: tuple(v) for f, v in DEFAULT_EXPECT.items()}
+    groups, allowed = [], set()
+    if manifest.is_file():
+        m = json.loads(manifest.read_text())
+        for fam, info in (m.get("families") or {}).items():
+            if info.get("sass_expect") is not None:
+                expect[fam] = tuple(info["sass_expect"])
+            allowed.update((fam, a) for a in info.get("sass_allow_local") or ())
+        for lib in m.get("libraries", []):
+            meta = json.loads((d / lib["meta"]).read_text())
+            groups.append((d / lib["file"], meta["arch"], meta["kernels"]))
+        return groups, expect, allowed
+    sides = sorted(p for p in d.rglob("*.json") if p.with_suffix(".o").is_file())
+    if not sides:
+        raise FileNotFoundError(f"{d}: neither a prebuilt directory (manifest.json) nor exported objects (<name>.o + .json)")
+    for side in sides:
+        rec = json.loads(side.read_text())
+        groups.append((side.with_suffix(".o"), rec["arch"], [{**rec["spec"], "cubins": rec.get("cubins", [])}]))
+    return groups, expect, allowed
+
+
+def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[str] = ()) -> dict:
+    """Check every kernel under ``directory`` (see the module docstring). Returns
+    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "expect", "problems"}],
+    "problems", "warnings"}``. Families in ``allow_local`` may use local memory (reported as warnings)."""
+    d = Path(directory)
+    tool = find_nvdisasm()
+    groups, expect, allowed = _kernel_sets(d)
+    work, problems = [], []
+    for path, arch, kernels in groups:
+        found = {c.sha256: c for c in extract_cubins(path.read_bytes())}
+        claimed = set()
+        for k in kernels:
+            hashes = [c["sha256"] for c in k.get("cubins", [])]
+            if not hashes:
+                problems.append(f"{k['name']} ({arch}): no cubin fingerprint recorded (built before cubins were recorded?)")
+                continue
+            missing = [h for h in hashes if h not in found]
+            if missing:
+                problems.append(f"{k['name']} ({arch}): cubin {missing[0][:12]} not found in {path}")
+                continue
+            claimed.update(hashes)
+            work.append((k, arch, path, [found[h] for h in hashes]))
+        for h in sorted(set(found) - claimed):
+            problems.append(f"{path}: cubin {h[:12]} at offset {found[h].offset} belongs to no listed kernel")
+
+    def one(item):
+        k, arch, path, cubins = item
+        ops = Counter()
+        for c in cubins:
+            ops.update(opcode_counts(disassemble(c.data, tool)))
+        exp = expect.get(k["family"])
+        allow = k["family"] in allow_local or (k["family"], arch) in allowed
+        probs = check_opcodes(ops, exp, allow)
+        warns = local_memory(ops) if allow else []
+        return {"warnings": warns, "name": k["name"], "family": k["family"], "arch": arch, "file": str(path),
+                "opcodes": {x: ops.get(x, 0) for x in REPORTED if ops.get(x)}, "instructions": sum(ops.values()),
+                "expect": list(exp) if exp is not None else None, "problems": probs}
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
+        results = list(ex.map(one, work))
+    warnings = [f"{r['name']} ({r['arch']}): {w}" for r in results for w in r["warnings"]]
+    for r in results:
+        problems += [f"{r['name']} ({r['arch']}): {p}" for p in r["problems"]]
+        if r["instructions"] == 0:
+            problems.append(f"{r['name']} ({r['arch']}): no instructions disassembled")
+    return {"dir": str(d), "nvdisasm": str(tool), "ok": not problems, "kernels": results, "problems": problems,
+            "warnings": warnings}
+
+
+def main(argv: Optional[list] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m w4a16_moe.loader.sass", description=__doc__.splitlines()[0])
+    ap.add_argument("dir", help="prebuilt directory (manifest.json) or directory of exported objects")
+    ap.add_argument("--json", action="store_true", help="print the full report as JSON")
+    ap.add_argument("-j", "--jobs", type=int, default=None)
+    ap.add_argument("--allow-local", default="", help="comma-separated families whose local-memory use is only "
+                    "a warning (default: none, local memory fails the check)")
+    a = ap.parse_args(argv)
+    try:
+        rep = check_dir(a.dir, a.jobs, tuple(f for f in a.allow_local.split(",") if f))
+    except (SassToolError, FileNotFoundError) as e:
+        print(f"sass: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        json.dump(rep, sys.stdout, indent=1)
+        print()
+    else:
+        fams = Counter((k["family"], k["arch"]) for k in rep["kernels"])
+        for (fam, arch), n in sorted(fams.items()):
+            ks = [k for k in rep["kernels"] if (k["family"], k["arch"]) == (fam, arch)]
+            tot = Counter()
+            for k in ks:
+                tot.update(k["opcodes"])
+            exp = ks[0]["expect"]
+            print(f"sass: {arch} {fam}: {n} kernel(s), expect {exp if exp is not None else 'nothing declared'}; "
+                  f"totals {dict(tot) or '{}'}")
+        for w in rep["warnings"]:
+            print(f"sass: warning (local memory accepted for this family and arch) {w}")
+        for p in rep["problems"]:
+            print(f"sass: PROBLEM {p}")
+        print(f"sass: {'OK' if rep['ok'] else 'FAILED'}: {len(rep['kernels'])} kernel(s) in {rep['dir']} "
+              f"(nvdisasm {rep['nvdisasm']})")
+    return 0 if rep["ok"] else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
