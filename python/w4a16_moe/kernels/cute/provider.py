@@ -223,7 +223,7 @@ def _stream() -> int:
 
 
 def _launch(family, cfg, packed, act, out, plan, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles,
-            splits, kernel=None):
+            splits):
     dev = act.device
     if splits > 1:
         cols = family.rows_per_cta(cfg)
@@ -233,31 +233,26 @@ def _launch(family, cfg, packed, act, out, plan, topk_weights, num_experts, n, k
         assert counters is not None and counters.numel() >= tiles
     else:
         ws = counters = plan.route_start  # never read when num_splits == 1
-    kern = kernel or _kernel(family, cfg)
-    launcher = _launcher(kern)
+    launcher = _launcher_cached(family.module, family.arch, cfg)
     if launcher is not None:  # the stable-ABI torch op (torch's current stream), else ctypes
         launcher(packed.data, act, out, plan.sorted_routes, plan.route_start, plan.block_start, topk_weights, ws,
                  counters, num_experts, n, k, num_routes, top_k, max_tiles, splits)
         return
-    kern(
+    _kernel(family, cfg)(
         packed.data.data_ptr(), act.data_ptr(), out.data_ptr(), plan.sorted_routes.data_ptr(),
         plan.route_start.data_ptr(), plan.block_start.data_ptr(), topk_weights.data_ptr(), ws.data_ptr(),
         counters.data_ptr(), num_experts, n, k, num_routes, top_k, max_tiles, splits, _stream(),
     )
 
 
-_LAUNCHERS: dict = {}
+@functools.lru_cache(maxsize=None)
+def _launcher_cached(module, arch: str, cfg):
+    """``torch.ops.w4a16_moe_C.grouped_gemm`` bound to the kernel of ``cfg``
+    (:func:`w4a16_moe.loader.torch_op.gemm_launcher`: about half the host cost of a ctypes call), or None
+    when the op library is unavailable."""
+    from ...loader.torch_op import gemm_launcher
 
-
-def _launcher(kernel):
-    """``torch.ops.w4a16_moe_C.grouped_gemm`` bound to ``kernel`` (:func:`w4a16_moe.loader.torch_op.gemm_launcher`:
-    about half the host cost of a ctypes call), or None when the op library is unavailable."""
-    key = id(kernel)
-    if key not in _LAUNCHERS:
-        from ...loader.torch_op import gemm_launcher
-
-        _LAUNCHERS[key] = (kernel, gemm_launcher(kernel))  # keeps the kernel alive with its id
-    return _LAUNCHERS[key][1]
+    return gemm_launcher(_kernel_cached(module, arch, cfg))
 
 
 def _check_capture(family: Family, weights, cfgs, dtype) -> None:

@@ -200,6 +200,18 @@ def _route_scatter_kernel(ids_ptr, num_routes, expert_offset, num_experts, curso
 # --------------------------------------------------------------------------------------------------
 # Host entry point
 # --------------------------------------------------------------------------------------------------
+def _int32_workspace(sizes: dict, device) -> tuple:
+    """One int32 allocation split into named parts, in ``sizes`` order, each starting at a multiple of 4
+    elements (16 bytes), so that pointer alignment, which Triton specializes on, never depends on sizes:
+    ``(ws, offsets, parts)``."""
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = total
+        total += -(-size // 4) * 4
+    ws = torch.empty(total, dtype=torch.int32, device=device)
+    return ws, offsets, {name: ws[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
+
+
 def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int, block_m: int,
                    zeroed: int = 0) -> RoutePlan:
     """Group the routes of ``topk_ids [T, k]`` (int32/int64, contiguous, ``T * k >= 1``) by local expert.
@@ -211,17 +223,10 @@ def prepare_routes(topk_ids: torch.Tensor, num_experts: int, expert_offset: int,
     num_routes = topk_ids.numel()
     num_blocks = num_row_blocks(num_routes, num_experts, block_m)
     e = num_experts
-    # One int32 workspace; every part starts at a multiple of 4 elements (16 bytes) so that pointer
-    # alignment, which Triton specializes on, never depends on the token count. "counts" and "zeroed"
-    # are adjacent: the multi-kernel path clears both with one memset.
-    sizes = {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "zeroed": zeroed, "cursor": e,
-             "route_start": e + 1, "block_start": e + 1}
-    offsets, total = {}, 0
-    for name, size in sizes.items():
-        offsets[name] = total
-        total += -(-size // 4) * 4
-    ws = torch.empty(total, dtype=torch.int32, device=topk_ids.device)
-    part = {name: ws[offsets[name] : offsets[name] + size] for name, size in sizes.items()}
+    # "counts" and "zeroed" are adjacent: the multi-kernel path clears both with one memset
+    ws, offsets, part = _int32_workspace(
+        {"block_info": 4 * num_blocks, "sorted": num_routes, "counts": e, "zeroed": zeroed, "cursor": e,
+         "route_start": e + 1, "block_start": e + 1}, topk_ids.device)
     counts, cursor, route_start, block_start = part["counts"], part["cursor"], part["route_start"], part["block_start"]
     sorted_routes, block_info = part["sorted"], part["block_info"].view(num_blocks, 4)
     e_pad = triton.next_power_of_2(e + 1)
@@ -298,14 +303,12 @@ def prepare_masked_routes(masked_m: torch.Tensor, cap: int, block_m: int, out: t
     :func:`prepare_routes` (here a memset, only when split-K needs counters)."""
     e = masked_m.numel()
     hidden = out.shape[-1]
-    o1 = -(-(e * cap) // 4) * 4
-    o2 = o1 + (-(-(e + 1) // 4) * 4)
-    o3 = o2 + (-(-(e + 1) // 4) * 4)
-    ws = torch.empty(o3 + zeroed, dtype=torch.int32, device=masked_m.device)
-    sorted_routes, route_start, block_start = ws[: e * cap], ws[o1 : o1 + e + 1], ws[o2 : o2 + e + 1]
+    ws, _, part = _int32_workspace(
+        {"sorted": e * cap, "route_start": e + 1, "block_start": e + 1, "zeroed": zeroed}, masked_m.device)
+    sorted_routes, route_start, block_start = part["sorted"], part["route_start"], part["block_start"]
     zero_part = None
     if zeroed:
-        zero_part = ws[o3:]
+        zero_part = part["zeroed"]
         zero_part.zero_()
     rows = 16
     grid = (e, triton.cdiv(cap, rows))
