@@ -26,6 +26,13 @@ DTYPES = [torch.bfloat16, torch.float16]
 TOL = 0.02
 
 
+@pytest.fixture(autouse=True)
+def _grouped_gemms(monkeypatch):
+    """These tests cover the grouped GEMMs at every token count: the decode kernels, which small calls use
+    by default, have their own suite (test_cute_decode.py)."""
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
+
+
 def _weights(scheme, e=8, h=512, i=256, activation="swiglu", dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cpu").manual_seed(seed)
     n13 = 2 * i if wm.get_activation(activation).gated else i

@@ -40,7 +40,8 @@ __all__ = ["AOT_ARCHS", "FAMILY_MODULES", "SUBSETS", "AotError", "AotFamily", "A
 #: archs the AOT build accepts (``--archs``, ``W4A16_MOE_AOT_ARCHS``)
 AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
 #: kernel family modules enumerated by default
-FAMILY_MODULES = ("w4a16_moe.kernels.cute.sm90_family", "w4a16_moe.kernels.cute.warp_family")
+FAMILY_MODULES = ("w4a16_moe.kernels.cute.sm90_family", "w4a16_moe.kernels.cute.warp_family",
+                  "w4a16_moe.kernels.cute.decode_family")
 SUBSETS = ("smoke", "full")
 
 

@@ -24,8 +24,31 @@ from .workloads import SEED, WORKLOADS, make_inputs, make_weights
 __all__ = ["tune", "main"]
 
 
+def _decode_trial(knobs: dict):
+    """Context for one decode-kernel trial: force the decode path with ``knobs``."""
+    import contextlib
+
+    from ..kernels.cute import decode_family as dec
+
+    @contextlib.contextmanager
+    def ctx():
+        fam.FORCE.clear()
+        dec.FORCE_KNOBS.clear()
+        dec.FORCE_KNOBS.update(knobs)
+        try:
+            yield
+        finally:
+            dec.FORCE_KNOBS.clear()
+
+    return ctx()
+
+
 def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print, splits=(None, 1, 2, 4, 8),
-         buckets=None) -> dict:
+         buckets=None, decode_knobs=()) -> dict:
+    """``decode_knobs``: knob sets (:func:`decode_family.parse_knobs` strings) of the route-major decode
+    kernels to time beside the grouped-GEMM candidates (bucket ``"d:<knobs>"`` in the trials)."""
+    from ..kernels.cute import decode_family as dec
+
     wl = WORKLOADS[workload]
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(SEED)
@@ -40,6 +63,21 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
             x, tw, ids = make_inputs(wl, t, gen, dev)
             ref = reference_moe(x, weights, tw, ids)
             best = None
+            for kn in decode_knobs:
+                knobs = dec.parse_knobs(kn)
+                with _decode_trial(knobs):
+                    if not dec.use_decode(t, wl.top_k, max_routes=1 << 30):
+                        continue
+                    out = torch.full_like(x, float("nan"))
+                    fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
+                    err = _nrmse(out, ref)
+                    if not (err < 0.02 and bool(torch.isfinite(out).all())):
+                        log(f"# T={t} decode {kn}: NRMSE {err:.3g}, skipped")
+                        continue
+                    us = _time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out))
+                trials.append({"tokens": t, "bucket": f"d:{kn}", "splits": None, "us": us, "nrmse": err})
+                if best is None or us < best[0]:
+                    best = (us, f"d:{kn}", None)
             for b in buckets:
                 for sp in splits_opts:
                     fam.FORCE.clear()
@@ -54,13 +92,38 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
                     trials.append({"tokens": t, "bucket": b, "splits": sp, "us": us, "nrmse": err})
                     if best is None or us < best[0]:
                         best = (us, b, sp)
-            log(f"{wl.name} T={t:5d} best bucket {best[1]} (TN={fam.CANDIDATES[best[1]]['tokens_per_tile']}) "
-                f"splits {best[2]}: {best[0]:.1f} us   | " + "  ".join(
-                    f"b{r['bucket']}s{r['splits']}={r['us']:.0f}" for r in trials if r["tokens"] == t))
-            rows.append([t, best[1], best[2]])
+            if best is None:
+                raise RuntimeError(f"tune: no candidate passed the NRMSE check at T={t}")
+            what = (f"decode {best[1][2:]}" if isinstance(best[1], str)
+                    else f"bucket {best[1]} (TN={fam.CANDIDATES[best[1]]['tokens_per_tile']}) splits {best[2]}")
+            log(f"{wl.name} T={t:5d} best {what}: {best[0]:.1f} us   | " + "  ".join(
+                f"b{r['bucket']}s{r['splits']}={r['us']:.1f}" for r in trials if r["tokens"] == t))
+            gemm = [r for r in trials if r["tokens"] == t and not isinstance(r["bucket"], str)]
+            if gemm:
+                g = min(gemm, key=lambda r: r["us"])
+                rows.append([t, g["bucket"], g["splits"]])
     finally:
         fam.FORCE.clear()
-    return {"key": key, "finalize": finalize, "rows": rows, "trials": trials, "meta": _meta(wl)}
+    return {"key": key, "finalize": finalize, "rows": rows, "decode": decode_summary(trials, wl.top_k),
+            "trials": trials, "meta": _meta(wl)}
+
+
+def decode_summary(trials: list, top_k: int) -> Optional[dict]:
+    """The tuned-table ``decode`` entry the trials support: ``max_routes`` = ``T * top_k`` of the largest
+    token count up to which the decode kernels won at every measured count (0: never), and the best knob set
+    per token count where they won. None when no decode trial ran."""
+    dec_t = sorted({r["tokens"] for r in trials if isinstance(r["bucket"], str)})
+    if not dec_t:
+        return None
+    max_routes, knobs = 0, []
+    for t in dec_t:
+        rs = [r for r in trials if r["tokens"] == t]
+        best = min(rs, key=lambda r: r["us"])
+        if not isinstance(best["bucket"], str):
+            break
+        max_routes = t * top_k
+        knobs.append([t, best["bucket"][2:]])
+    return {"max_routes": max_routes, "knobs": knobs}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -71,16 +134,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--finalize", default="deterministic", choices=["deterministic", "fused"])
     ap.add_argument("--tokens", default=None)
     ap.add_argument("--splits", default="rule,1,2,4,8", help="split-K choices to time ('rule' = num_splits)")
-    ap.add_argument("--buckets", default=None, help="indices into sm90_family.CANDIDATES (default: all)")
+    ap.add_argument("--buckets", default=None, help="indices into sm90_family.CANDIDATES (default: all; 'none': only --decode-knobs)")
+    ap.add_argument("--decode-knobs", default="",
+                    help="comma-separated decode-kernel knob sets to time too, e.g. w8u4/w8u2,w16u4/w8u2 "
+                         "(gate_up / down: warps, unroll)")
     ap.add_argument("--json", required=True)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("tune: needs a CUDA GPU", file=sys.stderr)
         return 2
     sp = [None if v == "rule" else int(v) for v in a.splits.split(",")]
-    bk = [int(v) for v in a.buckets.split(",")] if a.buckets else None
+    bk = None if not a.buckets else [] if a.buckets == "none" else [int(v) for v in a.buckets.split(",")]
     res = tune(a.workload, a.finalize, [int(t) for t in a.tokens.split(",")] if a.tokens else None, splits=sp,
-               buckets=bk)
+               buckets=bk, decode_knobs=[v for v in a.decode_knobs.split(",") if v])
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     return 0

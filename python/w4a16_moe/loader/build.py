@@ -515,6 +515,21 @@ def exported_symbols(names: Iterable[str]) -> list:
 # ------------------------------------------------------------------------------------------------------
 # compile + export
 # ------------------------------------------------------------------------------------------------------
+def _reusable(out_dir: Path, spec: KernelSpec, arch: str, src_hash: str) -> Optional[dict]:
+    """The sidecar record of an object already compiled into ``out_dir`` from the same spec, arch, kernel
+    sources and DSL version (a rebuild with a longer spec list then compiles only the new kernels), else None."""
+    side, obj = out_dir / f"{spec.name}.json", out_dir / f"{spec.name}.o"
+    if not (side.is_file() and obj.is_file() and (out_dir / f"{spec.name}.h").is_file()):
+        return None
+    try:
+        rec = json.loads(side.read_text())
+    except (OSError, ValueError):
+        return None
+    same = (rec.get("spec") == spec.to_json() and rec.get("arch") == arch and rec.get("source_hash") == src_hash
+            and rec.get("dsl_version") == dsl_version() and rec.get("object") == obj.name)
+    return rec if same else None
+
+
 def compile_one(spec: KernelSpec, arch: str, out_dir: Path) -> dict:
     """Compile + export one spec into ``out_dir``; returns (and writes) its sidecar record."""
     check_build_arch(arch)
@@ -533,6 +548,10 @@ def compile_one(spec: KernelSpec, arch: str, out_dir: Path) -> dict:
     if time.perf_counter() - t_imp > 0.05:
         log.info("imported the CuTe DSL in %.2f s", time.perf_counter() - t_imp)
     name = spec.name
+    reused = _reusable(out_dir, spec, arch, src_hash)
+    if reused is not None:
+        log.info("reusing %s for %s (same spec, source hash and DSL version)", name, arch)
+        return reused
     t0 = time.perf_counter()
     try:
         compiled = compile_fn(spec, arch)
@@ -882,6 +901,9 @@ def main(argv=None) -> int:
     g.add_argument("--out")
     g.add_argument("--prebuilt-dir")
     ap.add_argument("-j", "--jobs", type=int, default=1)
+    ap.add_argument("--keep-objects", action="store_true",
+                    help="keep DIR/.obj (with --prebuilt-dir): a later build reuses every object whose spec, arch, "
+                         "kernel sources and DSL version are unchanged")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     specs = [KernelSpec.from_json(d) for d in json.loads(Path(a.specs).read_text())]
@@ -901,7 +923,8 @@ def main(argv=None) -> int:
         build_library(specs, arch, lib, work_dir=d / ".obj" / arch, workers=a.jobs, meta_path=d / arch / "meta.json")
         metas.append(d / arch / "meta.json")
     m = write_manifest(d, metas)
-    shutil.rmtree(d / ".obj", ignore_errors=True)
+    if not a.keep_objects:
+        shutil.rmtree(d / ".obj", ignore_errors=True)
     print(json.dumps({"manifest": str(d / "manifest.json"), "kernels": len(m["kernels"]), "archs": archs}))
     return 0
 

@@ -259,6 +259,15 @@ _BUILTIN_FAMILIES = {
         "w4a16_moe.kernels.cute.warp_family:_compile",
         ("w4a16_moe.kernels.cute.warp_grouped_gemm", "w4a16_moe.kernels.cute.warp_config"),
     ),
+    # the route-major decode kernels (kernels/cute/decode_family.py): SM90 layout, mma.sync, no route prep
+    "w4a16_decode_gemv": (
+        "w4a16_moe.kernels.cute.decode_family:_compile",
+        (
+            "w4a16_moe.kernels.cute.decode_gemv",
+            "w4a16_moe.kernels.cute.decode_config",
+            "w4a16_moe.kernels.cute.sm90_ptx",
+        ),
+    ),
 }
 
 

@@ -9,6 +9,12 @@ One ``fused_moe`` call on SM90 runs (no host synchronization; capturable in a CU
 4. deterministic: the fixed top-k-order FP32 finalize (the Triton provider's kernel, shared so both
    providers combine identically); fused: one cast of ``out32``.
 
+Small routed calls (``T * top_k`` up to a tuned bound, by default 64 routes; see :mod:`.decode_family`)
+skip all of that on SM90: two route-major decode kernels (:mod:`.decode_gemv`) read each route's expert
+id straight from ``topk_ids``, write ``h`` by route, and the down kernel combines every token's routes in
+fixed order straight into ``out`` (no route preparation, no finalize pass; deterministic, both finalize
+modes). ``W4A16_MOE_CUTE_DECODE=0|1`` turns them off / forces them; batch-invariant mode never uses them.
+
 Two kernel families share the launch ABI and the routing contract: the Hopper WGMMA family
 (:mod:`.sm90_family`, SM90 only) and the portable warp-MMA family (:mod:`.warp_family`, SM80 to SM120;
 compile-verified only on archs other than SM90). A device gets the SM90 family on compute capability 9.x,
@@ -87,17 +93,22 @@ class Family:
             return self.module.tuned_token_counts(gpu, e, h, i, scheme, dt, top_k)
         return []
 
+    @property
+    def sm90_layout(self) -> bool:
+        """The WGMMA family and the decode kernels read the same packed layout (one copy serves both)."""
+        return self.name in ("sm90", "decode")
+
     def rows_per_cta(self, cfg) -> int:
-        return 64 * cfg.m64_per_block if self.name == "sm90" else cfg.rows_per_cta
+        return 64 * cfg.m64_per_block if self.sm90_layout else cfg.rows_per_cta
 
     def layout_key(self, which: str, cfg, dtype: torch.dtype) -> str:
         """Cache key of a packed layout: the matrix, the family's row block and K tile, the dtype."""
-        if self.name == "sm90":
+        if self.sm90_layout:
             return f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
         return f"cute-warp:{which}:w{cfg.warps}:m{cfg.m16_per_warp}:k{cfg.k_tile}:{dtype}"
 
     def pack(self, qm, cfg, dtype: torch.dtype, interleave: bool):
-        if self.name == "sm90":
+        if self.sm90_layout:
             from .sm90_pack import pack_sm90
 
             return pack_sm90(qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile, compute_dtype=dtype,
@@ -312,6 +323,65 @@ def _counter_tiles(family: Family, cfg, n: int, max_tiles: int, splits: int) -> 
     return (n // family.rows_per_cta(cfg)) * max_tiles if splits > 1 else 0
 
 
+def _decode_family(x, weights, tokens: int, top_k: int) -> Optional[Family]:
+    """The decode kernels' :class:`Family` when this routed call runs on them (:mod:`.decode_family`),
+    else None. Only next to the SM90 family (they read its packed layout)."""
+    from . import decode_family as dec
+
+    base = _family(x.device)
+    if base.name != "sm90" or dec.mode() == "0":
+        return None
+    if dec.FORCE_KNOBS:  # the tuner timing the decode kernels
+        bound = 1 << 30
+    elif fam.FORCE:  # the tuner timing a grouped-GEMM tile shape
+        return None
+    else:
+        bound = fam.decode_bound(_gpu_name(x.device), weights.num_experts, weights.hidden_size,
+                                 weights.intermediate_size, weights.scheme.name, _DTYPES[x.dtype], top_k)
+    if not dec.use_decode(tokens, top_k, bound):
+        return None
+    return Family("decode", dec, base.arch)
+
+
+def _decode_configs(dec, weights, dtype: torch.dtype, activation: str, tokens: int, top_k: int, gpu: str) -> tuple:
+    """(gate_up, down) decode configs of a call: the tuner's forced knobs, else the tuned table's for this
+    token count and layer shape, else the defaults."""
+    if dec.FORCE_KNOBS:
+        knobs = dec.forced_knobs()
+    else:
+        knobs = dec.knob_items(fam.decode_knobs(tokens, gpu, weights.num_experts, weights.hidden_size,
+                                                weights.intermediate_size, weights.scheme.name, _DTYPES[dtype], top_k))
+    return dec.configs(weights.scheme, _DTYPES[dtype], activation, knobs)
+
+
+def _decode_moe(family: Family, x, weights, topk_weights, ids, *, activation: str, expert_offset: int, out) -> None:
+    """Route-major decode path (:mod:`.decode_gemv`): gate/up kernel into ``h [T*k, I]`` (by route),
+    then the down kernel combining each token's routes in fixed order straight into ``out``."""
+    dec = family.module
+    tokens, top_k = ids.shape
+    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    r = tokens * top_k
+    if ids.dtype != torch.int32:
+        # the kernels read int32 ids; clamping keeps every out-of-range id out of [offset, offset + E)
+        ids = ids.clamp(-1, 2**31 - 1).to(torch.int32)
+    up, down = _decode_configs(dec, weights, x.dtype, activation, tokens, top_k, _gpu_name(x.device))
+    _check_capture(family, weights, (up, down), x.dtype)
+    p13 = _packed(family, weights, "w13", up, x.dtype)
+    p2 = _packed(family, weights, "w2", down, x.dtype)
+    hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
+    for cfg, packed, src, dst, n, k in ((up, p13, x, hbuf, weights.w13.n, h), (down, p2, hbuf, out, h, i)):
+        parts = dec.num_parts(cfg, k)
+        launcher = _launcher_cached(family.module, family.arch, cfg)
+        if launcher is not None:
+            launcher(packed.data, src, dst, ids, ids, ids, topk_weights, topk_weights, ids, e, n, k, r, top_k,
+                     expert_offset, parts)
+        else:
+            _kernel(family, cfg)(
+                packed.data.data_ptr(), src.data_ptr(), dst.data_ptr(), ids.data_ptr(), ids.data_ptr(),
+                ids.data_ptr(), topk_weights.data_ptr(), topk_weights.data_ptr(), ids.data_ptr(), e, n, k, r, top_k,
+                expert_offset, parts, _stream())
+
+
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
     """Run one validated ``fused_moe`` call (see the module docstring) into ``out``."""
     from ..triton.finalize import launch_finalize
@@ -323,6 +393,12 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
     r = tokens * top_k
     ids = topk_ids.contiguous()
     tw = topk_weights.contiguous()
+    dfam = _decode_family(x, weights, tokens, top_k)
+    if dfam is not None:
+        # both finalize modes: the decode path's fixed-order FP32 combine is deterministic and needs no pass
+        _decode_moe(dfam, x, weights, tw, ids, activation=call.activation.name, expert_offset=call.expert_offset,
+                    out=out)
+        return
     family, hbuf, plan, down, p2, max_tiles, splits = _gate_up(
         x, weights, ids, tw, expert_offset=call.expert_offset, activation=call.activation.name,
         finalize=call.finalize)
@@ -396,7 +472,8 @@ def cute_expert_routes(x, weights, local_ids, *, activation: str):
 def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, top_k: int,
                 finalizes=("deterministic", "fused")) -> list:
     """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select
-    (the rule's buckets and the tuned table's entries for this layer; see :func:`sm90_family.choose`)."""
+    (the decode kernels when small calls use them, the rule's buckets and the tuned table's entries for this
+    layer; see :func:`sm90_family.choose`)."""
     from ...activations import get_activation
 
     dt = _DTYPES[dtype]
@@ -413,6 +490,17 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
         if (family.name, tiles) not in [(f.name, tl) for f, tl in buckets]:
             buckets.append((family, tiles))
     names = []
+    if base.name == "sm90":
+        from . import decode_family as dec
+
+        bound = fam.decode_bound(gpu, e, h, i, weights.scheme.name, dt, top_k)
+        dfam = Family("decode", dec, base.arch)
+        cfgs = {c for t in grid if dec.mode() != "0" and dec.use_decode(t, top_k, bound)
+                for c in _decode_configs(dec, weights, dtype, act.name, t, top_k, gpu)}
+        for cfg in sorted(cfgs, key=lambda c: c.name()):
+            _packed(dfam, weights, "w13" if cfg.mode == "gate_up" else "w2", cfg, dtype)
+            _kernel(dfam, cfg).ensure_loaded()
+            names.append(cfg.name())
     for family, tiles in buckets:
         for fin in finalizes:
             up, down = family.module.gemm_configs(weights.scheme, dt, act.name, weights.gated, fin, tiles)

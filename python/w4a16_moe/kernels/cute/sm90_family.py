@@ -71,6 +71,20 @@ EXTRA_TILES = (
          down_m64_per_block=4, down_k_tile=64, down_stages=4),
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_m64_per_block=4),
+    # prefill-sized rows of few routes per expert (W1 2048: ~43, W2 1024 / 2048: ~32 / ~64): one token tile
+    # per expert where the rule's TN=32 needs two (each re-streaming the expert's weights), and 256 weight
+    # rows per CTA over two consumer warpgroups (the activation tile gathered once for twice the rows)
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
+    dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial"),
+    dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
+    dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
+    # (measured at the first sweep: 256 rows over two consumer warpgroups won every such row; these vary TN
+    # around the routes per expert and the K tile)
+    dict(tokens_per_tile=48, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
+    dict(tokens_per_tile=32, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
+    dict(tokens_per_tile=80, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
+    dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
@@ -144,6 +158,41 @@ def _tuned_table(path: str = TUNED_PATH) -> dict:
             return json.load(f).get("entries", {})
     except (OSError, ValueError):
         return {}
+
+
+@functools.lru_cache(maxsize=None)
+def _tuned_decode(path: str = TUNED_PATH) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f).get("decode", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
+                 top_k: int) -> Optional[int]:
+    """The tuned table's bound for the route-major decode kernels (:mod:`.decode_family`) on this layer
+    shape: calls of at most that many routes (``T * top_k``) use them; None = no measurement (the rule)."""
+    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
+    return None if ent is None else int(ent["max_routes"])
+
+
+def decode_knobs(tokens: int, gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
+                 top_k: int) -> Optional[str]:
+    """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode_family.parse_knobs``) for a call of
+    ``tokens`` on this layer shape: the row with the largest token count <= ``tokens``; None = defaults."""
+    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
+    best = None
+    for t, kn in (ent or {}).get("knobs", []):
+        if t <= tokens or best is None:
+            best = kn
+    return best
+
+
+def tuned_decode_knob_sets(scheme: Optional[str] = None) -> list:
+    """Every decode knob set the tuned table uses (for ``scheme`` only, when given)."""
+    return sorted({kn for key, ent in _tuned_decode().items() for _, kn in ent.get("knobs", [])
+                   if scheme is None or f"|{scheme}|" in key})
 
 
 def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str, top_k: int) -> str:

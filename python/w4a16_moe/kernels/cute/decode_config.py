@@ -1,0 +1,47 @@
+"""Static configuration of one route-major decode kernel (no CuTe DSL import).
+
+Kept apart from the kernel module (:mod:`.decode_gemv`) so that selecting kernels and looking up prebuilt
+ones at run time never imports ``cutlass``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DecodeGemvConfig", "ACT_CODES", "GATED"]
+
+ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
+GATED = {"swiglu", "geglu"}
+
+
+@dataclass(frozen=True)
+class DecodeGemvConfig:
+    """Static configuration of one compiled decode kernel (every field shapes the generated code).
+
+    The kernel reads the SM90 fragment-ready weight layout (:mod:`.sm90_pack`) of ``m64_per_block`` x
+    ``k_tile``, so it shares the packed copy with the WGMMA family's tiles of the same layout.
+    """
+
+    mode: str = "gate_up"  # "gate_up": h[route] = act(W13_e x[token]); "down": out[token] = sum_j w_j W2_e h[route_j]
+    dtype: str = "bf16"  # activation / compute dtype: "bf16" | "fp16"
+    group: int = 32  # scale group along K; 0 = per channel
+    zero_point: bool = False
+    fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; effective scales folded at pack time, see sm90_pack)
+    activation: str = "swiglu"  # gate_up only
+    m64_per_block: int = 2  # X of the packed layout (64-row blocks per row block)
+    k_tile: int = 128  # BK of the packed layout
+    warps: int = 8  # warps per CTA; they split the K range (gate_up) or the (route, K part) items (down)
+    unroll: int = 4  # k64 units per load batch (16-byte weight loads in flight per thread: X * unroll)
+    pdl: bool = True  # down: programmatic dependent launch (prefetch the weights into L2 while gate/up runs)
+
+    @property
+    def gated(self) -> bool:
+        return self.mode == "gate_up" and self.activation in GATED
+
+    def name(self) -> str:
+        g = "ch" if self.group == 0 else str(self.group)
+        zp = ("zp" if self.zero_point else "") + ("f4" if self.fp4 else "")
+        act = ("_" + self.activation) if self.mode == "gate_up" else ""
+        pdl = "_pdl" if self.pdl and self.mode == "down" else ""
+        return (f"dec_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_k{self.k_tile}"
+                f"_w{self.warps}_u{self.unroll}{act}{pdl}")

@@ -1,0 +1,182 @@
+"""The route-major decode kernels as the loader sees them: specs, variant sets, and when a call uses them.
+
+Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``w4a16_decode_gemv`` whose params
+are all fields of :class:`~.decode_config.DecodeGemvConfig`; the same specs feed JIT and AOT. The kernels
+(:mod:`.decode_gemv`) read the SM90 packed layout and use only ``mma.sync`` and plain global loads; they are
+built for sm_90a (where they run next to the WGMMA family).
+
+When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_k <= DECODE_MAX_ROUTES``
+routes, unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
+decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
+tuned table may bound it per layer shape instead (``tuned_sm90.json``, ``"decode"``: key -> max routes).
+``W4A16_MOE_CUTE_DECODE=1`` forces it for every routed call that fits one launch (tests).
+
+This module imports neither ``cutlass`` nor the kernel module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Iterable, Optional
+
+from ...loader.spec import KernelSpec
+
+__all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
+           "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
+
+FAMILY = "w4a16_decode_gemv"
+ARCHS = ("sm_90a",)
+#: instructions every kernel of the family must contain (the AOT SASS check)
+SASS_EXPECT = ("HMMA",)
+MAX_GRID_Y = 65535
+#: default bound on T * top_k for the decode path (the tuned table can say otherwise per layer shape)
+DECODE_MAX_ROUTES = 64
+
+#: the packed layouts the decode kernels read (w13, w2): those of the WGMMA family's decode tile
+#: (``sm90_family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
+LAYOUT = {"w13": dict(m64_per_block=2, k_tile=128), "w2": dict(m64_per_block=4, k_tile=64)}
+#: per-mode codegen knobs (warps per CTA, k64 units per load batch)
+#: (the H200 sweep at revision 2cae0a5+: w8u8/w8u4 is within 8% of the best set at 1-16 tokens of W1 and
+#: 1-8 tokens of W2; the tuned table names the best set per row)
+KNOBS = {"gate_up": dict(warps=8, unroll=8), "down": dict(warps=8, unroll=4)}
+
+
+def _compile(spec: KernelSpec, arch: str):
+    """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
+    from .decode_gemv import Sm90W4A16DecodeGemv
+
+    return Sm90W4A16DecodeGemv(config_from_spec(spec), arch).compile(arch)
+
+
+def kernel_config(**fields):
+    from .decode_config import DecodeGemvConfig
+
+    return DecodeGemvConfig(**fields)
+
+
+@functools.lru_cache(maxsize=None)
+def spec_for(cfg) -> KernelSpec:
+    return KernelSpec(FAMILY, dataclasses.asdict(cfg))
+
+
+def config_from_spec(spec: KernelSpec):
+    if spec.family != FAMILY:
+        raise ValueError(f"spec family {spec.family!r} is not {FAMILY!r}")
+    return kernel_config(**dict(spec.params))
+
+
+def group_param(scheme) -> int:
+    return 0 if scheme.group_size is None else scheme.group_size
+
+
+@functools.lru_cache(maxsize=4096)
+def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
+    """(gate_up, down) :class:`DecodeGemvConfig` of a call; ``knobs``: ``(("gate_up", {...}), ...)``
+    items overriding :data:`KNOBS` (the tuner's variants)."""
+    over = dict(knobs)
+    base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
+    up = kernel_config(mode="gate_up", activation=activation, **base, **LAYOUT["w13"],
+                       **dict(KNOBS["gate_up"], **dict(over.get("gate_up", ()))))
+    down = kernel_config(mode="down", **base, **LAYOUT["w2"], **dict(KNOBS["down"], **dict(over.get("down", ()))))
+    return up, down
+
+
+#: Tuner override of :data:`KNOBS` (``python -m w4a16_moe tune --decode-knobs``): {"gate_up": {...}, "down": {...}}
+FORCE_KNOBS: dict = {}
+
+
+def forced_knobs() -> tuple:
+    """:data:`FORCE_KNOBS` as the hashable ``knobs`` argument of :func:`configs`."""
+    return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(FORCE_KNOBS.items()))
+
+
+def parse_knobs(text: str) -> dict:
+    """``"w8u4/w8u2"`` (gate_up / down: warps ``w``, unroll ``u``; a trailing ``p0`` on the down part turns
+    its programmatic dependent launch off) -> ``{"gate_up": {...}, "down": {...}}``."""
+    import re
+
+    out = {}
+    for mode_, part in zip(("gate_up", "down"), text.split("/")):
+        m = re.fullmatch(r"w(\d+)u(\d+)(p0)?", part.strip())
+        if not m or (m.group(3) and mode_ != "down"):
+            raise ValueError(f"decode knobs: expected wNuM[/wNuM[p0]], got {text!r}")
+        out[mode_] = dict(warps=int(m.group(1)), unroll=int(m.group(2)))
+        if m.group(3):
+            out[mode_]["pdl"] = False
+    return out
+
+
+def num_parts(cfg, k: int) -> int:
+    """K parts per route: about ``unroll`` k64 units each (one load batch), at most one per warp. A long K
+    (gate/up: K = H) gets one part per warp; a short one (down in a TP shard: K = I = 256 is 4 units) stays
+    in one part, so the warps take different routes instead of one unit of every route each."""
+    units = k // 64
+    return max(1, min(cfg.warps, -(-units // cfg.unroll)))
+
+
+def mode() -> str:
+    v = os.environ.get("W4A16_MOE_CUTE_DECODE", "auto") or "auto"
+    if v not in ("auto", "0", "1"):
+        raise ValueError(f"W4A16_MOE_CUTE_DECODE: expected auto, 0 or 1, got {v!r}")
+    return v
+
+
+def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> bool:
+    """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
+    ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never)."""
+    from .provider import batch_invariant
+
+    m = mode()
+    if m == "0" or batch_invariant() or tokens == 0:
+        return False
+    if tokens * top_k > MAX_GRID_Y:
+        return False
+    if m == "1":
+        return True
+    bound = DECODE_MAX_ROUTES if max_routes is None else max_routes
+    return tokens * top_k <= bound
+
+
+def knob_items(text: Optional[str]) -> tuple:
+    """A knob-set string (or None: the defaults) as the hashable ``knobs`` argument of :func:`configs`."""
+    if not text:
+        return ()
+    return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(parse_knobs(text).items()))
+
+
+def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
+             activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None) -> list:
+    """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
+    plus the knob sets the tuned table names for that scheme (``knobs`` given: exactly those)."""
+    from ...formats.schemes import SCHEMES
+    from . import sm90_family
+
+    if schemes is None:
+        schemes = list(SCHEMES.values())
+    out, seen = [], set()
+    for sch in schemes:
+        sets = list(knobs) if knobs is not None else [()] + [
+            knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name)]
+        for kn in sets:
+            for dt in dtypes:
+                for act in activations:
+                    for cfg in configs(sch, dt, act, kn):
+                        spec = spec_for(cfg)
+                        if spec not in seen:
+                            seen.add(spec)
+                            out.append(spec)
+    return out
+
+
+def aot_variants(subset: str) -> list:
+    """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU; ``"full"``: every scheme, dtype and activation."""
+    from ...formats.schemes import get_scheme
+
+    if subset == "full":
+        return variants()
+    if subset == "smoke":
+        return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+                        activations=("swiglu",))
+    raise ValueError(f"subset: expected smoke or full, got {subset!r}")

@@ -1,0 +1,442 @@
+"""Route-major decode kernels of the fused W4A16 MoE (CuTe DSL; ``mma.sync`` + direct global loads).
+
+For decode-sized batches (a few tokens) the MoE is a stream of weight bytes: every route reads its
+expert's matrices once and the arithmetic is negligible. The grouped GEMMs then pay for what a GEMV does
+not need: route preparation (a sort by expert), a tile -> expert search, the split-K fixup, a finalize
+pass and the launches between them. These two kernels skip all of it and work *route-major*: a CTA
+reads its expert id straight from ``topk_ids``.
+
+* ``gate_up``: grid ``(4 * N / (64 X), R)``; CTA ``(4 nb + s, r)`` computes ``h[r, cols]`` of route
+  ``r`` for the 16-row slice ``s`` of every m64 block of row block ``nb`` (gated: the gate and up halves
+  sit in the same thread, see :mod:`.sm90_pack`), its ``warps`` warps splitting K into ``num_parts``
+  parts (warp ``w`` takes parts ``w, w + warps, ...``). Invalid routes (expert id outside
+  ``[expert_offset, expert_offset + E)``) exit at once; their ``h`` rows are never read.
+* ``down``: grid ``(4 * H / (64 X), T)``; CTA ``(4 nb + s, t)`` computes ``out[t, cols]`` =
+  ``sum_j topk_weights[t, j] * (W2_{e_j} h[t * top_k + j])`` over the token's valid routes. The work
+  items ``(j, part)`` (``top_k * num_parts`` of them) are dealt to the warps round-robin; each warp keeps
+  an FP32 running sum ``sum w_j * partial``, and the warps' sums are added in warp order at the end: a
+  fixed order, so results are bit-identical run to run (there are no atomics and no finalize pass; a
+  token without valid routes gets zeros).
+
+Math: a warp reads, per k64 unit and m64 block, the 16 bytes of codes that WGMMA thread
+``32 s + lane`` would read (the SM90 layout is the WGMMA register fragment, and warp ``s``'s 16 rows of
+it are exactly the ``mma.sync.m16n8k16`` A fragment), dequantizes them with the SM90 kernel's
+instructions (LOP3 magic decode, packed add, packed scale multiply: bit-identical weights) and runs
+``mma.sync.aligned.m16n8k16`` with all eight B columns set to the activation (so every lane holds its rows'
+result; no shuffles). FP32 accumulation. Weights and scales are loaded straight into registers with
+``ld.global.nc.L1::no_allocate`` + an L2 evict-first policy, ``unroll`` k64 units per batch (all loads of a
+batch are issued before any is used); units past the part's end are predicated off (zero codes, zero
+scales, zero activations: they add exact zeros).
+
+Programmatic dependent launch (``pdl``, down only): every gate/up CTA triggers its dependents at once, the
+down kernel is launched with the PDL attribute, and each down CTA, before ``griddepcontrol.wait``, reads its
+token's expert ids (written before the gate/up kernel started) and prefetches a quarter of every valid
+route's row block into L2 (``cp.async.bulk.prefetch.L2``; the row block of an expert is contiguous), so
+the down kernel's launch and its weight fetch overlap the gate/up kernel.
+
+Launch ABI: the grouped GEMM's (one op, one loader), with these meanings:
+``(w, act, out, sorted_routes = topk_ids [T*k] int32, route_start, block_start (unused), topk_weights
+[T*k] FP32 (down), ws, counters (unused), num_experts = local E, n, k, num_routes = T*k, top_k,
+max_tiles = expert_offset, num_splits = num_parts, stream)``. ``act`` is ``x [T, H]`` (gate_up) or
+``h [T*k, I]`` (down, indexed by route); ``out`` is ``h`` or ``out [T, H]``, both in the compute dtype.
+Constraints: ``n % (64 X) == 0``, ``k % BK == 0`` (the packed layout's), ``1 <= num_parts``.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from . import sm90_ptx as ptx
+from .decode_config import ACT_CODES, DecodeGemvConfig
+
+__all__ = ["Sm90W4A16DecodeGemv", "DecodeGemvConfig", "PTXAS_OPTIONS"]
+
+#: ptxas options of every decode kernel (one CTA per SM is enough to budget registers for)
+PTXAS_OPTIONS = "--ptxas-options='--minnctapersm 1'"
+
+
+def _i32(x, loc, ip):
+    return Int32(x).ir_value(loc=loc, ip=ip)
+
+
+def _i64(x, loc, ip):
+    return Int64(x).ir_value(loc=loc, ip=ip)
+
+
+def _struct(n: int, ty: str = "i32"):
+    return ir.Type.parse("!llvm.struct<(" + ", ".join([ty] * n) + ")>")
+
+
+@dsl_user_op
+def evict_first_policy(*, loc=None, ip=None) -> Int64:
+    r = llvm.inline_asm(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l",
+                        has_side_effects=True, loc=loc, ip=ip)
+    return Int64(r)
+
+
+@dsl_user_op
+def ld_stream_pred(addr, pred, policy, nwords: int, *, loc=None, ip=None):
+    """``nwords`` (1, 2, 4) 32-bit words of streamed weight data, or zeros when ``pred`` is 0:
+    ``ld.global.nc.L1::no_allocate.L2::cache_hint`` with ``policy``."""
+    outs = ", ".join(f"${i}" for i in range(nwords))
+    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(nwords))
+    vec = f".v{nwords}" if nwords > 1 else ""
+    dst = f"{{{outs}}}" if nwords > 1 else "$0"
+    a, p, pol = nwords, nwords + 1, nwords + 2
+    asm = (f"{{ .reg .pred p; setp.ne.b32 p, ${p}, 0; {zero} "
+           f"@p ld.global.nc.L1::no_allocate.L2::cache_hint{vec}.b32 {dst}, [${a}], ${pol}; }}")
+    cons = ",".join(["=&r"] * nwords) + ",l,r,l"
+    if nwords == 1:
+        r = llvm.inline_asm(T.i32(), [_i64(addr, loc, ip), _i32(pred, loc, ip), _i64(policy, loc, ip)], asm, cons,
+                            has_side_effects=True, loc=loc, ip=ip)
+        return (Int32(r),)
+    r = llvm.inline_asm(_struct(nwords), [_i64(addr, loc, ip), _i32(pred, loc, ip), _i64(policy, loc, ip)], asm,
+                        cons, has_side_effects=True, loc=loc, ip=ip)
+    return tuple(Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(nwords))
+
+
+@dsl_user_op
+def prefetch_l2_bulk(addr, nbytes, *, loc=None, ip=None) -> None:
+    """``cp.async.bulk.prefetch.L2.global``: bring ``nbytes`` (a multiple of 16, 16-byte aligned) into L2."""
+    llvm.inline_asm(None, [_i64(addr, loc, ip), _i32(nbytes, loc, ip)], "cp.async.bulk.prefetch.L2.global [$0], $1;",
+                    "l,r", has_side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_act_pred(addr, pred, *, loc=None, ip=None) -> Int32:
+    """One 32-bit word of activations (``ld.global.nc``), or 0 when ``pred`` is 0."""
+    asm = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }"
+    r = llvm.inline_asm(T.i32(), [_i64(addr, loc, ip), _i32(pred, loc, ip)], asm, "=&r,l,r",
+                        has_side_effects=True, loc=loc, ip=ip)
+    return Int32(r)
+
+
+@dsl_user_op
+def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, is_bf16: bool, *, loc=None, ip=None):
+    """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32``; returns (d0, d1, d2, d3)."""
+    ty = "bf16" if is_bf16 else "f16"
+    r = llvm.inline_asm(
+        _struct(4, "f32"),
+        [_i32(v, loc, ip) for v in (a0, a1, a2, a3, b0, b1)]
+        + [Float32(v).ir_value(loc=loc, ip=ip) for v in (c0, c1, c2, c3)],
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, "
+        "{$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, loc=loc, ip=ip)
+    return tuple(Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4))
+
+
+class Sm90W4A16DecodeGemv:
+    """One route-major decode kernel (static config in ``__init__``; see the module docstring).
+
+    ``__call__(w, act, out, topk_ids, _, _, topk_weights, _, _, num_experts, n, k, num_routes, top_k,
+    expert_offset, num_parts, stream)``: raw pointers + ``Int32`` sizes (the grouped GEMM's launch ABI).
+    """
+
+    def __init__(self, cfg: DecodeGemvConfig, arch: str = "sm_90a"):
+        c = cfg
+        if c.mode not in ("gate_up", "down"):
+            raise ValueError(f"mode {c.mode!r}")
+        if c.dtype not in ("bf16", "fp16"):
+            raise ValueError(f"dtype {c.dtype!r}")
+        if c.mode == "gate_up" and c.activation not in ACT_CODES:
+            raise ValueError(f"activation {c.activation!r}")
+        if c.k_tile not in (64, 128) or c.m64_per_block not in (1, 2, 4, 8):
+            raise ValueError("k_tile must be 64 or 128 and m64_per_block 1, 2, 4 or 8 (the SM90 layouts)")
+        if c.gated and c.m64_per_block % 2:
+            raise ValueError("gated gate_up needs an even m64_per_block (gate + up halves)")
+        g = c.group
+        if g and (g % 16 or not (64 % g == 0 or g % 64 == 0)):
+            raise ValueError("group must be 16, 32, 64 or a multiple of 64 (or 0 = per channel)")
+        if g and not (c.k_tile % g == 0 or g % c.k_tile == 0):
+            raise ValueError("group and k_tile: one must divide the other")
+        if c.fp4 and c.zero_point:
+            raise ValueError("FP4 (E2M1) weights have no zero points")
+        if c.warps not in (1, 2, 4, 8, 16) or c.unroll not in (1, 2, 3, 4, 6, 8):
+            raise ValueError("warps must be 1, 2, 4, 8 or 16 and unroll 1, 2, 3, 4, 6 or 8")
+        self.cfg = c
+        self.arch = arch
+        self.is_bf16 = c.dtype == "bf16"
+        self.X, self.BK = c.m64_per_block, c.k_tile
+        self.C = self.BK // 64
+        self.W, self.U = c.warps, c.unroll
+        self.threads = 32 * self.W
+        self.gpt = (self.BK // g) if (g and g <= self.BK) else 1
+        self.wpu = (64 // g) if (g and g <= 64) else 1  # scale words a k64 unit uses
+        self.code_bytes = self.X * self.C * 2048
+        self.scale_bytes = self.X * 32 * self.gpt * 4
+        self.bias_bytes = self.scale_bytes if c.zero_point else 0
+        self.chunk = self.code_bytes + self.scale_bytes + self.bias_bytes
+        self.magic = 0x43004300 if self.is_bf16 else 0x64006400
+        self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
+        self.outs = (self.X // 2 if c.gated else self.X) * 16  # outputs per CTA
+        self.pdl = c.pdl and c.mode == "down"
+
+    # ------------------------------------------------------------------------------------------------------
+    def fake_args(self) -> list:
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        ab = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
+
+        def ptr(dt, align=16):
+            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
+
+        return [
+            ptr(cutlass.Uint8), ptr(ab), ptr(ab), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
+            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
+        ] + [Int32(1)] * 7 + [make_fake_stream()]
+
+    def compile(self, arch: str = "sm_90a"):
+        """Cross-compile for ``arch`` (no GPU needed)."""
+        self.arch = arch
+        return cute.compile(self, *self.fake_args(), options=f"--gpu-arch {arch} {PTXAS_OPTIONS}")
+
+    # ------------------------------------------------------------------------------------------------------
+    @cute.jit
+    def __call__(
+        self,
+        w: cute.Pointer,
+        act: cute.Pointer,
+        out: cute.Pointer,
+        sorted_routes: cute.Pointer,
+        route_start: cute.Pointer,
+        block_start: cute.Pointer,
+        topk_weights: cute.Pointer,
+        ws: cute.Pointer,
+        counters: cute.Pointer,
+        num_experts: Int32,
+        n: Int32,
+        k: Int32,
+        num_routes: Int32,
+        top_k: Int32,
+        max_tiles: Int32,
+        num_splits: Int32,
+        stream: cuda.CUstream,
+    ):
+        @cute.struct
+        class Storage:
+            red: cute.struct.Align[cute.struct.MemRange[Float32, self.W * self.X * 16], 16]
+
+        self.storage_cls = Storage
+        grid_y = num_routes if const_expr(self.cfg.mode == "gate_up") else num_routes // top_k
+        self.kernel(w, act, out, sorted_routes, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles,
+                    num_splits).launch(
+            grid=[(n // (64 * self.X)) * 4, grid_y, 1],
+            block=[self.threads, 1, 1],
+            stream=stream,
+            use_pdl=self.pdl,
+        )
+
+    # ------------------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        w: cute.Pointer,
+        act: cute.Pointer,
+        out: cute.Pointer,
+        ids: cute.Pointer,
+        topk_weights: cute.Pointer,
+        num_experts: Int32,
+        n: Int32,
+        k: Int32,
+        num_routes: Int32,
+        top_k: Int32,
+        expert_offset: Int32,
+        num_parts: Int32,
+    ):
+        X = self.X
+        tidx, _, _ = cute.arch.thread_idx()
+        bx, by, _ = cute.arch.block_idx()
+        warp = cute.arch.make_warp_uniform(tidx // 32)
+        lane = tidx % 32
+        s = bx % 4
+        nb = bx // 4
+        g_ids = cute.make_tensor(ids, cute.make_layout(num_routes))
+        g_tw = cute.make_tensor(topk_weights, cute.make_layout(num_routes))
+        smem = cutlass.utils.SmemAllocator()
+        st = smem.allocate(self.storage_cls)
+        red = st.red.data_ptr().toint()
+        tot = cute.make_rmem_tensor((2 * X,), Float32)
+        acc = cute.make_rmem_tensor((4 * X,), Float32)
+        tot.fill(0.0)
+        units = k // 64
+        per = (units + num_parts - 1) // num_parts
+        wrow = Int64(n // (64 * X)) * Int64(k // self.BK) * Int64(self.chunk)  # bytes per expert
+        w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
+        if const_expr(self.cfg.mode == "gate_up"):
+            # let the down kernel (launched with programmatic dependent launch) start its prologue
+            cute.arch.griddepcontrol_launch_dependents()
+            r = by
+            e = g_ids[r] - expert_offset
+            if e >= 0:
+                if e < num_experts:
+                    row = act.toint() + Int64(r // top_k) * Int64(k) * 2
+                    for p in cutlass.range(warp, num_parts, self.W, unroll=1):
+                        self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
+                        for x in cutlass.range_constexpr(X):
+                            tot[2 * x] = tot[2 * x] + acc[4 * x]
+                            tot[2 * x + 1] = tot[2 * x + 1] + acc[4 * x + 2]
+                    self._finish(tot, red, out, warp, lane, tidx, s, nb, n, r)
+        else:
+            t = by
+            if const_expr(self.pdl):
+                # while the gate/up kernel still runs: prefetch this CTA's quarter of every valid route's row
+                # block (contiguous in the packed layout) into L2; then wait for h
+                span = Int32(k // self.BK) * Int32(self.chunk)
+                quarter = ((span // 4 + 15) // 16) * 16
+                lo = s * quarter
+                size = cutlass.min(quarter, span - lo)
+                for j in cutlass.range(tidx, top_k, self.threads, unroll=1):
+                    ej = g_ids[t * top_k + j] - expert_offset
+                    if ej >= 0:
+                        if ej < num_experts:
+                            if size > 0:
+                                prefetch_l2_bulk(w_nb + Int64(ej) * wrow + Int64(lo), size)
+                cute.arch.griddepcontrol_wait()
+            for it in cutlass.range(warp, top_k * num_parts, self.W, unroll=1):
+                j = it // num_parts
+                p = it - j * num_parts
+                r = t * top_k + j
+                e = g_ids[r] - expert_offset
+                if e >= 0:
+                    if e < num_experts:
+                        wt = g_tw[r]
+                        row = act.toint() + Int64(r) * Int64(k) * 2
+                        self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
+                        for x in cutlass.range_constexpr(X):
+                            tot[2 * x] = tot[2 * x] + wt * acc[4 * x]
+                            tot[2 * x + 1] = tot[2 * x + 1] + wt * acc[4 * x + 2]
+            self._finish(tot, red, out, warp, lane, tidx, s, nb, n, t)
+
+    # ------------------------------------------------------------------------------------------------------
+    @cute.jit
+    def _item(self, acc, wb, row, p, per, units, s, lane):
+        """``acc`` = this warp's 16-row slice ``s`` of every m64 block times the activation row at ``row``
+        over k64 units ``[p * per, min(units, (p + 1) * per))`` of the expert whose row block starts at
+        ``wb`` (C fragment: ``acc[4x]`` row ``lane // 4``, ``acc[4x + 2]`` row ``lane // 4 + 8``)."""
+        X, C, U, BK = self.X, self.C, self.U, self.BK
+        cfg = self.cfg
+        g = cfg.group
+        acc.fill(0.0)
+        u0 = p * per
+        u1 = cutlass.min(units, u0 + per)
+        nbat = (cutlass.max(u1 - u0, 0) + (U - 1)) // U
+        t = 32 * s + lane  # the WGMMA thread whose fragment this lane reads
+        q = t // 4
+        pol = evict_first_policy()
+        magic = Int32(ptx._u32(self.magic))
+        sym = Int32(ptx._u32(self.sym_bias))
+        xoff = (lane % 4) * 4
+        for b in cutlass.range(nbat, unroll=1):
+            codes, scl, bia, xw = [], [], [], []
+            for ii in cutlass.range_constexpr(U):
+                u = u0 + b * U + ii
+                ok = Int32(0)
+                if u < u1:
+                    ok = Int32(1)
+                kt = u // C
+                c = u - kt * C
+                cb = wb + Int64(kt) * Int64(self.chunk)
+                gi0 = (c * 64) // g if const_expr(g and g <= BK) else 0
+                cw, sw, bw = [], [], []
+                for x in cutlass.range_constexpr(X):
+                    cw.append(ld_stream_pred(cb + Int64(((x * C + c) * 128 + t) * 16), ok, pol, 4))
+                    sa = cb + Int64(self.code_bytes + ((x * 32 + q) * self.gpt + gi0) * 4)
+                    sw.append(ld_stream_pred(sa, ok, pol, self.wpu))
+                    if const_expr(cfg.zero_point):
+                        bw.append(ld_stream_pred(sa + self.scale_bytes, ok, pol, self.wpu))
+                codes.append(cw)
+                scl.append(sw)
+                bia.append(bw)
+                xa = row + Int64(u * 128 + xoff)
+                xw.append([ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
+            for ii in cutlass.range_constexpr(U):
+                for x in cutlass.range_constexpr(X):
+                    for jj in cutlass.range_constexpr(4):
+                        lg = (16 * jj) // g if const_expr(g and g <= 64) else 0
+                        sv = scl[ii][x][lg]
+                        s_lo = ptx.prmt(sv, 0x1010)
+                        s_hi = ptx.prmt(sv, 0x3232)
+                        word = codes[ii][x][jj]
+                        a = []
+                        for i in cutlass.range_constexpr(4):
+                            rh = i % 2
+                            if const_expr(cfg.fp4):
+                                v = ptx.packed_mul(self._e2m1_pair(word, i), s_lo if rh == 0 else s_hi,
+                                                   self.is_bf16)
+                            else:
+                                src = word if i == 0 else (word >> (4 * i))
+                                v = ptx.lop3_and_or(src, 0x000F000F, magic)
+                                if const_expr(cfg.zero_point):
+                                    bv = bia[ii][x][lg]
+                                    bias = ptx.prmt(bv, 0x1010) if rh == 0 else ptx.prmt(bv, 0x3232)
+                                else:
+                                    bias = sym
+                                v = ptx.packed_add(v, bias, self.is_bf16)
+                                v = ptx.packed_mul(v, s_lo if rh == 0 else s_hi, self.is_bf16)
+                            a.append(v)
+                        d = mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
+                                      acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3], self.is_bf16)
+                        for v in cutlass.range_constexpr(4):
+                            acc[4 * x + v] = d[v]
+
+    @cute.jit
+    def _e2m1_pair(self, word, i: cutlass.Constexpr):
+        """E2M1 nibbles ``i`` (lo) and ``i + 4`` (hi) as a raw 16-bit pair (as in the SM90 kernel)."""
+        mag_shift = (9 if not self.is_bf16 else 6) - 4 * i
+        mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
+        sgn_shift = 12 - 4 * i
+        sgn = (word << sgn_shift) if sgn_shift > 0 else word
+        sgn = sgn & Int32(ptx._u32(0x80008000))
+        mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
+        return ptx.lop3_and_or(mag, mag_mask, sgn)
+
+    # ------------------------------------------------------------------------------------------------------
+    @cute.jit
+    def _act(self, gate, up):
+        a = self.cfg.activation
+        if const_expr(a == "swiglu"):
+            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
+        elif const_expr(a == "geglu"):
+            return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
+        elif const_expr(a == "relu2"):
+            r = cutlass.max(gate, Float32(0.0))
+            return r * r
+        else:  # silu
+            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
+
+    @cute.jit
+    def _finish(self, tot, red, out, warp, lane, tidx, s, nb, n, orow):
+        """Add the warps' sums in warp order and store this CTA's outputs of output row ``orow``."""
+        X, W = self.X, self.W
+        cfg = self.cfg
+        if lane % 4 == 0:
+            for x in cutlass.range_constexpr(X):
+                for rh in cutlass.range_constexpr(2):
+                    ptx.st_shared_f32(red + ((warp * X + x) * 16 + lane // 4 + 8 * rh) * 4, tot[2 * x + rh])
+        cute.arch.sync_threads()
+        if tidx < self.outs:
+            x = tidx // 16
+            rr = tidx % 16
+            v = Float32(0.0)
+            for kk in cutlass.range_constexpr(W):
+                v = v + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x) * 16 + rr) * 4))
+            if const_expr(cfg.gated):
+                u = Float32(0.0)
+                for kk in cutlass.range_constexpr(W):
+                    u = u + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x + X // 2) * 16 + rr) * 4))
+                val = self._act(v, u)
+                ldo = n // 2
+                col = nb * (32 * X) + 64 * x + 16 * s + rr
+            else:
+                val = self._act(v, v) if const_expr(cfg.mode == "gate_up") else v
+                ldo = n
+                col = nb * (64 * X) + 64 * x + 16 * s + rr
+            g_out = cute.make_tensor(out, cute.make_layout((orow + 1) * ldo))
+            g_out[orow * ldo + col] = val.to(g_out.element_type)

@@ -1,0 +1,63 @@
+"""Write the kernel specs a GPU session needs (for ``python -m w4a16_moe.loader.build --specs``).
+
+    PYTHONPATH=python python scripts/device_specs.py --out .device/specs.json [--decode-knobs w8u4/w8u2,...]
+    PYTHONPATH=python python -m w4a16_moe.loader.build --arch sm_90a --specs .device/specs.json \\
+        --prebuilt-dir .device/prebuilt -j 2
+
+The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
+the tuner force beyond it: every ``sm90_family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
+NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
+(``--decode-knobs``, the tuner's). Objects are kept beside the library (``obj-<arch>``), so a rebuild after a
+kernel change recompiles only the kernels whose sources changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+
+from w4a16_moe.aot import subset_specs  # noqa: E402
+from w4a16_moe.formats.schemes import get_scheme  # noqa: E402
+from w4a16_moe.kernels.cute import decode_family as dec  # noqa: E402
+from w4a16_moe.kernels.cute import sm90_family as fam  # noqa: E402
+
+
+def device_specs(decode_knobs=()) -> list:
+    specs = list(subset_specs("full", "sm_90a"))
+    for names, fins in ((("int4_g32", "nvfp4"), ("deterministic", "fused")),
+                        (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
+        specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
+                              finalizes=fins, tiles=fam.CANDIDATES)
+    knobs = [tuple((m, tuple(sorted(v.items()))) for m, v in sorted(dec.parse_knobs(k).items()))
+             for k in decode_knobs]
+    specs += dec.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+                          activations=("swiglu",), knobs=knobs or ((),))
+    out, seen = [], set()
+    for s in specs:
+        if s.name not in seen:
+            seen.add(s.name)
+            out.append(s)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--decode-knobs", default="", help="comma-separated knob sets, e.g. w8u4/w8u2,w16u4/w8u2")
+    a = ap.parse_args()
+    specs = device_specs([k for k in a.decode_knobs.split(",") if k])
+    with open(a.out, "w") as f:
+        json.dump([s.to_json() for s in specs], f)
+    by = {}
+    for s in specs:
+        by[s.family] = by.get(s.family, 0) + 1
+    print(f"{len(specs)} specs -> {a.out} ({', '.join(f'{k}: {v}' for k, v in sorted(by.items()))})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,117 @@
+"""The route-major decode kernels' family module on the CPU: configs, names, when calls use them, and that
+every scheme compiles for sm_90a (when the CuTe DSL is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from w4a16_moe.formats.schemes import SCHEMES, get_scheme
+from w4a16_moe.kernels.cute import decode_family as dec
+from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.loader.spec import family_source_hash
+
+HAS_DSL = importlib.util.find_spec("cutlass") is not None
+
+
+def test_configs_share_the_sm90_layout_of_the_decode_tile():
+    up, down = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
+    tile = fam.CANDIDATES[9]
+    assert (up.m64_per_block, up.k_tile) == (tile["m64_per_block"], tile["k_tile"])
+    assert (down.m64_per_block, down.k_tile) == (tile["down_m64_per_block"], tile["down_k_tile"])
+    assert up.mode == "gate_up" and down.mode == "down" and up.gated and not down.gated
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_scheme_fields(scheme):
+    sch = get_scheme(scheme)
+    up, _ = dec.configs(sch, "fp16", "relu2")
+    assert up.fp4 == sch.is_fp4 and up.zero_point == sch.zero_point
+    assert up.group == (0 if sch.group_size is None else sch.group_size)
+    assert not up.gated
+
+
+def test_spec_names_encode_every_knob():
+    a, _ = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
+    b, _ = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu", (("gate_up", (("unroll", 8), ("warps", 16))),))
+    assert (b.warps, b.unroll) == (16, 8)
+    assert dec.spec_for(a).name != dec.spec_for(b).name
+    assert dec.config_from_spec(dec.spec_for(b)) == b
+    assert len(family_source_hash(dec.FAMILY)) > 0
+
+
+def test_parse_knobs():
+    assert dec.parse_knobs("w8u4/w4u2") == {"gate_up": {"warps": 8, "unroll": 4}, "down": {"warps": 4, "unroll": 2}}
+    assert dec.parse_knobs("w16u2") == {"gate_up": {"warps": 16, "unroll": 2}}
+    assert dec.parse_knobs("w8u8/w8u4p0")["down"] == {"warps": 8, "unroll": 4, "pdl": False}
+    with pytest.raises(ValueError, match="wNuM"):
+        dec.parse_knobs("w8u8p0/w8u4")
+    with pytest.raises(ValueError, match="wNuM"):
+        dec.parse_knobs("8x4")
+
+
+def test_num_parts():
+    up, down = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
+    assert dec.num_parts(up, 7168) == up.warps  # 112 k64 units: one part per warp
+    assert dec.num_parts(down, 64) == 1
+    assert dec.num_parts(down, 256) == -(-4 // down.unroll)  # about one load batch per part
+    assert dec.num_parts(down, 2048) == min(down.warps, -(-32 // down.unroll))
+
+
+def test_use_decode_rule(monkeypatch):
+    monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
+    lim = dec.DECODE_MAX_ROUTES
+    assert dec.use_decode(1, 8) and dec.use_decode(lim // 8, 8) and not dec.use_decode(lim // 8 + 1, 8)
+    assert dec.use_decode(4, 8, max_routes=32) and not dec.use_decode(5, 8, max_routes=32)
+    assert not dec.use_decode(1, 8, max_routes=0)
+    assert not dec.use_decode(0, 8)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1")
+    assert dec.use_decode(1000, 8) and not dec.use_decode(10000, 8)  # one launch's grid: T * k <= 65535
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
+    assert not dec.use_decode(1, 8)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
+    monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
+    assert not dec.use_decode(1, 8)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "yes")
+    with pytest.raises(ValueError, match="W4A16_MOE_CUTE_DECODE"):
+        dec.mode()
+
+
+def test_variants():
+    full = dec.aot_variants("full")
+    defaults = dec.variants(knobs=[()])
+    assert len(defaults) == len(SCHEMES) * 2 * 5  # 4 gate_up activations + 1 down per scheme and dtype
+    assert set(s.name for s in defaults) <= set(s.name for s in full)
+    assert {s.family for s in full} == {dec.FAMILY}
+    # every knob set of the tuned table is in the full set, for its scheme
+    for sch in SCHEMES:
+        for kn in fam.tuned_decode_knob_sets(sch):
+            for cfg in dec.configs(get_scheme(sch), "bf16", "swiglu", dec.knob_items(kn)):
+                assert dec.spec_for(cfg) in full
+    smoke = dec.aot_variants("smoke")
+    assert len(smoke) >= 4 and set(s.name for s in smoke) <= set(s.name for s in full)
+
+
+@pytest.mark.skipif(not HAS_DSL, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+@pytest.mark.parametrize("scheme", ["int4_g32", "int4_g128_zp", "int4_channel", "nvfp4", "mxfp4"])
+def test_compiles_for_sm90a(scheme):
+    from w4a16_moe.kernels.cute.decode_gemv import Sm90W4A16DecodeGemv
+
+    for cfg in dec.configs(get_scheme(scheme), "bf16", "geglu"):
+        assert Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
+
+
+def test_bad_configs_are_refused():
+    if not HAS_DSL:
+        pytest.skip("needs the CuTe DSL (nvidia-cutlass-dsl)")
+    from w4a16_moe.kernels.cute.decode_config import DecodeGemvConfig
+    from w4a16_moe.kernels.cute.decode_gemv import Sm90W4A16DecodeGemv
+
+    with pytest.raises(ValueError, match="even m64_per_block"):
+        Sm90W4A16DecodeGemv(DecodeGemvConfig(m64_per_block=1))
+    with pytest.raises(ValueError, match="no zero points"):
+        Sm90W4A16DecodeGemv(DecodeGemvConfig(fp4=True, zero_point=True))
+    with pytest.raises(ValueError, match="warps"):
+        Sm90W4A16DecodeGemv(DecodeGemvConfig(warps=3))
