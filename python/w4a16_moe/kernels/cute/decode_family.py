@@ -8,7 +8,9 @@ built for sm_90a (where they run next to the WGMMA family).
 When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_k <= DECODE_MAX_ROUTES``
 routes, unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
 decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
-tuned table may bound it per layer shape instead (``tuned_sm90.json``, ``"decode"``: key -> max routes).
+tuned table may bound it per layer shape instead, and names the knob set per token count
+(``tuned_sm90.json``, ``"decode"``: key -> ``{"max_routes": R, "knobs": [[tokens, "w8u8/w8u4"], ...]}``, written
+by ``python -m w4a16_moe tune --decode-knobs ...`` + ``scripts/merge_tuned.py``).
 ``W4A16_MOE_CUTE_DECODE=1`` forces it for every routed call that fits one launch (tests).
 
 This module imports neither ``cutlass`` nor the kernel module.

@@ -1,0 +1,89 @@
+"""The tuner's decode summary and scripts/merge_tuned.py, on the CPU (no GPU needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+from w4a16_moe.bench.tune import decode_summary
+from w4a16_moe.kernels.cute import sm90_family as fam
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+KEY = "GPU|e8_h512_i256|int4_g32|bf16|k8"
+
+
+def _merge_module():
+    spec = importlib.util.spec_from_file_location("merge_tuned", os.path.join(ROOT, "scripts", "merge_tuned.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _trial(t, bucket, us):
+    return {"tokens": t, "bucket": bucket, "splits": None, "us": us, "nrmse": 0.004}
+
+
+def test_decode_summary_bound_stops_at_the_first_gemm_win():
+    trials = [_trial(1, "d:w8u8/w8u4", 10.0), _trial(1, 9, 20.0),
+              _trial(2, "d:w4u8/w4u4", 15.0), _trial(2, "d:w8u8/w8u4", 16.0), _trial(2, 9, 25.0),
+              _trial(4, "d:w8u8/w8u4", 40.0), _trial(4, 9, 30.0),
+              _trial(8, "d:w8u8/w8u4", 50.0), _trial(8, 9, 60.0)]  # a decode win after a GEMM win: not used
+    assert decode_summary(trials, top_k=8) == {"max_routes": 16, "knobs": [[1, "w8u8/w8u4"], [2, "w4u8/w4u4"]]}
+    assert decode_summary([_trial(1, 9, 1.0)], top_k=8) is None
+    assert decode_summary([_trial(1, "d:w8u8/w8u4", 2.0), _trial(1, 0, 1.0)], top_k=8) == {"max_routes": 0,
+                                                                                            "knobs": []}
+
+
+def test_merge_keeps_other_families_and_replaces_decode():
+    m = _merge_module()
+    table = {"entries": {KEY: [[1, 9, None], [32, 0, None, "warp"], [256, 1, None]]},
+             "decode": {KEY: {"max_routes": 64, "knobs": [[1, "w8u8/w8u4"]]}}}
+    result = {"key": KEY, "rows": [[1, 5, 2], [32, 2, None], [2048, 4, None]],
+              "decode": {"max_routes": 128, "knobs": [[1, "w16u4/w16u2"]]}}
+    logs = []
+    out = m.merge(table, result, log=logs.append)
+    assert out["entries"][KEY] == [[1, 5, 2], [32, 0, None, "warp"], [256, 1, None], [2048, 4, None]]
+    assert out["decode"][KEY] == {"max_routes": 128, "knobs": [[1, "w16u4/w16u2"]]}
+    assert any("kept" in ln for ln in logs)
+
+
+def test_merge_script_round_trip(tmp_path):
+    table = tmp_path / "tuned.json"
+    table.write_text(json.dumps({"format": 1, "entries": {}}))
+    res = tmp_path / "res.json"
+    res.write_text(json.dumps({"key": KEY, "rows": [[8, 9, 1]], "decode": None}))
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "merge_tuned.py"), str(res), "--table", str(table)],
+                   check=True, capture_output=True)
+    assert json.loads(table.read_text())["entries"][KEY] == [[8, 9, 1]]
+
+
+def test_tuned_decode_lookups(monkeypatch):
+    data = {KEY: {"max_routes": 32, "knobs": [[1, "w16u4/w16u2"], [4, "w4u8/w4u4"]]}}
+    monkeypatch.setattr(fam, "_tuned_decode", lambda path=None: data)
+    args = ("GPU", 8, 512, 256, "int4_g32", "bf16", 8)
+    assert fam.decode_bound(*args) == 32
+    assert fam.decode_bound("GPU", 8, 512, 256, "int4_g64", "bf16", 8) is None  # no entry: the rule
+    assert fam.decode_knobs(1, *args) == "w16u4/w16u2"
+    assert fam.decode_knobs(3, *args) == "w16u4/w16u2"
+    assert fam.decode_knobs(4, *args) == "w4u8/w4u4" == fam.decode_knobs(100, *args)
+    assert fam.tuned_decode_knob_sets("int4_g32") == ["w16u4/w16u2", "w4u8/w4u4"]
+    assert fam.tuned_decode_knob_sets("nvfp4") == []
+
+
+def test_packaged_table_is_consistent():
+    """Every row of the packaged table names an existing candidate / warp tile and a parseable knob set."""
+    from w4a16_moe.kernels.cute import decode_family as dec
+    from w4a16_moe.kernels.cute import warp_family
+
+    for key, rows in fam._tuned_table().items():
+        assert [r[0] for r in rows] == sorted(r[0] for r in rows), key
+        for r in rows:
+            family = r[3] if len(r) > 3 else "sm90"
+            assert 0 <= r[1] < (len(warp_family.TILES) if family == "warp" else len(fam.CANDIDATES)), (key, r)
+    for key, ent in fam._tuned_decode().items():
+        assert ent["max_routes"] >= 0
+        for _, kn in ent["knobs"]:
+            dec.parse_knobs(kn)
