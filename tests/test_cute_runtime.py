@@ -56,7 +56,10 @@ def test_tuned_rows_can_name_the_warp_family():
     family, tiles, _ = base.select(32, *shape)
     assert (family.name, family.arch, tiles["tokens_per_tile"]) == ("warp", "sm_90a", 8)
     assert fam.choose(32, *shape)[0] == fam.select_tiles(32 * 8, 384)  # the SM90-only view falls back to the rule
-    for t in (1, 8, 256, 2048):
-        assert base.select(t, *shape)[0].name == "sm90"
+    # every row of the packaged table: the family it names serves the token counts it covers
+    for row in fam._tuned_table()[fam.tuned_key(shape[-1], *shape[1:-1], shape[0])]:
+        want = row[3] if len(row) > 3 else "sm90"
+        assert base.select(row[0], *shape)[0].name == want, row
+    assert base.select(2048, *shape)[0].name == "sm90"
     other_gpu = shape[:-1] + ("NVIDIA H100",)
     assert base.select(32, *other_gpu)[0].name == "sm90"  # rows are keyed by GPU name
