@@ -32,8 +32,7 @@ def device_specs(decode_knobs=()) -> list:
                         (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
                               finalizes=fins, tiles=fam.CANDIDATES)
-    knobs = [tuple((m, tuple(sorted(v.items()))) for m, v in sorted(dec.parse_knobs(k).items()))
-             for k in decode_knobs]
+    knobs = [dec.knob_items(k) for k in decode_knobs]
     specs += dec.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                           activations=("swiglu",), knobs=knobs or ((),))
     out, seen = [], set()

@@ -17,7 +17,7 @@ import w4a16_moe as wm
 from w4a16_moe.kernels.cute import decode_family as dec
 from w4a16_moe.kernels.cute import provider as prov
 
-from conftest import HAS_CUDA, nrmse, random_routing
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights
 
 SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")]
@@ -35,11 +35,7 @@ def _force_decode(monkeypatch):
 
 
 def _weights(scheme, e=8, h=512, i=256, activation="swiglu", dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    n13 = 2 * i if wm.get_activation(activation).gated else i
-    w13 = torch.randn(e, n13, h, generator=g) / h**0.5
-    w2 = torch.randn(e, h, i, generator=g) / i**0.5
-    return wm.quantize_experts(w13.to(dtype), w2.to(dtype), scheme, activation=activation).to("cuda")
+    return random_weights(scheme, e, h, i, activation=activation, dtype=dtype, device="cuda", seed=seed)
 
 
 def _run(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize="deterministic", offset=0,

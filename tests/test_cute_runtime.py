@@ -63,3 +63,24 @@ def test_tuned_rows_can_name_the_warp_family():
     assert base.select(2048, *shape)[0].name == "sm90"
     other_gpu = shape[:-1] + ("NVIDIA H100",)
     assert base.select(32, *other_gpu)[0].name == "sm90"  # rows are keyed by GPU name
+
+
+def test_run_kernel_forwards_the_launch_abi(monkeypatch):
+    """Both launch routes get the nine tensors and seven ints in ABI order: the torch op gets the tensors,
+    ctypes their data pointers followed by the current stream."""
+    import torch
+
+    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+
+    family = provider.Family("sm90", fam, "sm_90a")
+    tensors = tuple(torch.zeros(1) for _ in range(9))
+    scalars = (1, 2, 3, 4, 5, 6, 7)
+    calls = []
+    monkeypatch.setattr(provider, "_launcher_cached", lambda *a: lambda *args: calls.append(("op", args)))
+    provider._run_kernel(family, None, tensors, scalars)
+    assert calls == [("op", tensors + scalars)]
+    monkeypatch.setattr(provider, "_launcher_cached", lambda *a: None)
+    monkeypatch.setattr(provider, "_kernel", lambda f, c: lambda *args: calls.append(("ctypes", args)))
+    monkeypatch.setattr(provider, "_stream", lambda: 99)
+    provider._run_kernel(family, None, tensors, scalars)
+    assert calls[1] == ("ctypes", tuple(t.data_ptr() for t in tensors) + scalars + (99,))

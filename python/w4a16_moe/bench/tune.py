@@ -9,6 +9,7 @@ entries keyed by GPU name and layer shape (``kernels/cute/tuned_sm90.json`` form
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Optional
@@ -24,23 +25,18 @@ from .workloads import SEED, WORKLOADS, make_inputs, make_weights
 __all__ = ["tune", "main"]
 
 
+@contextlib.contextmanager
 def _decode_trial(knobs: dict):
-    """Context for one decode-kernel trial: force the decode path with ``knobs``."""
-    import contextlib
-
+    """Force the decode path with ``knobs`` for one trial."""
     from ..kernels.cute import decode_family as dec
 
-    @contextlib.contextmanager
-    def ctx():
-        fam.FORCE.clear()
+    fam.FORCE.clear()
+    dec.FORCE_KNOBS.clear()
+    dec.FORCE_KNOBS.update(knobs)
+    try:
+        yield
+    finally:
         dec.FORCE_KNOBS.clear()
-        dec.FORCE_KNOBS.update(knobs)
-        try:
-            yield
-        finally:
-            dec.FORCE_KNOBS.clear()
-
-    return ctx()
 
 
 def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print, splits=(None, 1, 2, 4, 8),
@@ -62,43 +58,37 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
         for t in tokens or wl.tokens:
             x, tw, ids = make_inputs(wl, t, gen, dev)
             ref = reference_moe(x, weights, tw, ids)
-            best = None
+
+            def measure(label, bucket, sp):
+                """Check the forced choice against the reference, then time it into ``trials``."""
+                out = torch.full_like(x, float("nan"))
+                fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
+                err = _nrmse(out, ref)
+                if not (err < 0.02 and bool(torch.isfinite(out).all())):
+                    log(f"# T={t} {label}: NRMSE {err:.3g}, skipped")
+                    return
+                us = _time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out))
+                trials.append({"tokens": t, "bucket": bucket, "splits": sp, "us": us, "nrmse": err})
+
             for kn in decode_knobs:
-                knobs = dec.parse_knobs(kn)
-                with _decode_trial(knobs):
-                    if not dec.use_decode(t, wl.top_k, max_routes=1 << 30):
-                        continue
-                    out = torch.full_like(x, float("nan"))
-                    fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
-                    err = _nrmse(out, ref)
-                    if not (err < 0.02 and bool(torch.isfinite(out).all())):
-                        log(f"# T={t} decode {kn}: NRMSE {err:.3g}, skipped")
-                        continue
-                    us = _time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out))
-                trials.append({"tokens": t, "bucket": f"d:{kn}", "splits": None, "us": us, "nrmse": err})
-                if best is None or us < best[0]:
-                    best = (us, f"d:{kn}", None)
+                with _decode_trial(dec.parse_knobs(kn)):
+                    if dec.use_decode(t, wl.top_k, max_routes=1 << 30):
+                        measure(f"decode {kn}", f"d:{kn}", None)
             for b in buckets:
                 for sp in splits_opts:
                     fam.FORCE.clear()
                     fam.FORCE.update(bucket=b, splits=sp)
-                    out = torch.full_like(x, float("nan"))
-                    fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
-                    err = _nrmse(out, ref)
-                    if not (err < 0.02 and bool(torch.isfinite(out).all())):
-                        log(f"# T={t} bucket {b} splits {sp}: NRMSE {err:.3g}, skipped")
-                        continue
-                    us = _time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out))
-                    trials.append({"tokens": t, "bucket": b, "splits": sp, "us": us, "nrmse": err})
-                    if best is None or us < best[0]:
-                        best = (us, b, sp)
-            if best is None:
+                    measure(f"bucket {b} splits {sp}", b, sp)
+            here = [r for r in trials if r["tokens"] == t]
+            if not here:
                 raise RuntimeError(f"tune: no candidate passed the NRMSE check at T={t}")
-            what = (f"decode {best[1][2:]}" if isinstance(best[1], str)
-                    else f"bucket {best[1]} (TN={fam.CANDIDATES[best[1]]['tokens_per_tile']}) splits {best[2]}")
-            log(f"{wl.name} T={t:5d} best {what}: {best[0]:.1f} us   | " + "  ".join(
-                f"b{r['bucket']}s{r['splits']}={r['us']:.1f}" for r in trials if r["tokens"] == t))
-            gemm = [r for r in trials if r["tokens"] == t and not isinstance(r["bucket"], str)]
+            top = min(here, key=lambda r: r["us"])
+            b = top["bucket"]
+            what = (f"decode {b[2:]}" if isinstance(b, str)
+                    else f"bucket {b} (TN={fam.CANDIDATES[b]['tokens_per_tile']}) splits {top['splits']}")
+            log(f"{wl.name} T={t:5d} best {what}: {top['us']:.1f} us   | " + "  ".join(
+                f"b{r['bucket']}s{r['splits']}={r['us']:.1f}" for r in here))
+            gemm = [r for r in here if not isinstance(r["bucket"], str)]
             if gemm:
                 g = min(gemm, key=lambda r: r["us"])
                 rows.append([t, g["bucket"], g["splits"]])

@@ -24,6 +24,8 @@ import os
 from typing import Iterable, Optional
 
 from ...loader.spec import KernelSpec
+from . import sm90_family
+from .sm90_family import group_param  # the decode kernels read the SM90 layout: same group convention
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
@@ -69,10 +71,6 @@ def config_from_spec(spec: KernelSpec):
     return kernel_config(**dict(spec.params))
 
 
-def group_param(scheme) -> int:
-    return 0 if scheme.group_size is None else scheme.group_size
-
-
 @functools.lru_cache(maxsize=4096)
 def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
     """(gate_up, down) :class:`DecodeGemvConfig` of a call; ``knobs``: ``(("gate_up", {...}), ...)``
@@ -89,9 +87,14 @@ def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
 FORCE_KNOBS: dict = {}
 
 
+def _as_items(knobs: dict) -> tuple:
+    """``{"gate_up": {...}, "down": {...}}`` as the hashable ``knobs`` argument of :func:`configs`."""
+    return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(knobs.items()))
+
+
 def forced_knobs() -> tuple:
     """:data:`FORCE_KNOBS` as the hashable ``knobs`` argument of :func:`configs`."""
-    return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(FORCE_KNOBS.items()))
+    return _as_items(FORCE_KNOBS)
 
 
 def parse_knobs(text: str) -> dict:
@@ -143,9 +146,7 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> boo
 
 def knob_items(text: Optional[str]) -> tuple:
     """A knob-set string (or None: the defaults) as the hashable ``knobs`` argument of :func:`configs`."""
-    if not text:
-        return ()
-    return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(parse_knobs(text).items()))
+    return _as_items(parse_knobs(text)) if text else ()
 
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
@@ -153,7 +154,6 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
     """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
     plus the knob sets the tuned table names for that scheme (``knobs`` given: exactly those)."""
     from ...formats.schemes import SCHEMES
-    from . import sm90_family
 
     if schemes is None:
         schemes = list(SCHEMES.values())

@@ -244,16 +244,19 @@ def _launch(family, cfg, packed, act, out, plan, topk_weights, num_experts, n, k
         assert counters is not None and counters.numel() >= tiles
     else:
         ws = counters = plan.route_start  # never read when num_splits == 1
+    _run_kernel(family, cfg, (packed.data, act, out, plan.sorted_routes, plan.route_start, plan.block_start,
+                              topk_weights, ws, counters),
+                (num_experts, n, k, num_routes, top_k, max_tiles, splits))
+
+
+def _run_kernel(family, cfg, tensors: tuple, scalars: tuple) -> None:
+    """Launch ``cfg``'s kernel with the family launch ABI (nine tensors, seven ints): through the stable-ABI
+    torch op (torch's current stream) when the op library is available, else through ctypes."""
     launcher = _launcher_cached(family.module, family.arch, cfg)
-    if launcher is not None:  # the stable-ABI torch op (torch's current stream), else ctypes
-        launcher(packed.data, act, out, plan.sorted_routes, plan.route_start, plan.block_start, topk_weights, ws,
-                 counters, num_experts, n, k, num_routes, top_k, max_tiles, splits)
-        return
-    _kernel(family, cfg)(
-        packed.data.data_ptr(), act.data_ptr(), out.data_ptr(), plan.sorted_routes.data_ptr(),
-        plan.route_start.data_ptr(), plan.block_start.data_ptr(), topk_weights.data_ptr(), ws.data_ptr(),
-        counters.data_ptr(), num_experts, n, k, num_routes, top_k, max_tiles, splits, _stream(),
-    )
+    if launcher is not None:
+        launcher(*tensors, *scalars)
+    else:
+        _kernel(family, cfg)(*(t.data_ptr() for t in tensors), *scalars, _stream())
 
 
 @functools.lru_cache(maxsize=None)
@@ -370,16 +373,9 @@ def _decode_moe(family: Family, x, weights, topk_weights, ids, *, activation: st
     p2 = _packed(family, weights, "w2", down, x.dtype)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     for cfg, packed, src, dst, n, k in ((up, p13, x, hbuf, weights.w13.n, h), (down, p2, hbuf, out, h, i)):
-        parts = dec.num_parts(cfg, k)
-        launcher = _launcher_cached(family.module, family.arch, cfg)
-        if launcher is not None:
-            launcher(packed.data, src, dst, ids, ids, ids, topk_weights, topk_weights, ids, e, n, k, r, top_k,
-                     expert_offset, parts)
-        else:
-            _kernel(family, cfg)(
-                packed.data.data_ptr(), src.data_ptr(), dst.data_ptr(), ids.data_ptr(), ids.data_ptr(),
-                ids.data_ptr(), topk_weights.data_ptr(), topk_weights.data_ptr(), ids.data_ptr(), e, n, k, r, top_k,
-                expert_offset, parts, _stream())
+        # (decode ABI: ids in the three routing slots, topk_weights / ids as the unused split-K scratch)
+        _run_kernel(family, cfg, (packed.data, src, dst, ids, ids, ids, topk_weights, topk_weights, ids),
+                    (e, n, k, r, top_k, expert_offset, dec.num_parts(cfg, k)))
 
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:

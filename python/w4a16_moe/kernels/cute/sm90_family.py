@@ -152,21 +152,21 @@ TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned_sm90.json")
 
 
 @functools.lru_cache(maxsize=None)
+def _tuned_file(path: str = TUNED_PATH) -> dict:
+    """The tuned table file, read once ({} when absent or unreadable)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
 def _tuned_table(path: str = TUNED_PATH) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f).get("entries", {})
-    except (OSError, ValueError):
-        return {}
+    return _tuned_file(path).get("entries", {})
 
 
-@functools.lru_cache(maxsize=None)
 def _tuned_decode(path: str = TUNED_PATH) -> dict:
-    try:
-        with open(path) as f:
-            return json.load(f).get("decode", {})
-    except (OSError, ValueError):
-        return {}
+    return _tuned_file(path).get("decode", {})
 
 
 def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
