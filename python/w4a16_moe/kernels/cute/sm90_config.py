@@ -44,6 +44,7 @@ class Sm90GemmConfig:
     schedule: str = "overlap"  # "overlap" | "serial"
     evict_first: bool = True  # L2 evict-first hint on the streamed weights
     min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that many CTAs fit on an SM
+    row_blocks_per_cta: int = 1  # RB: consecutive row blocks per CTA, one weight stream (short-K down GEMMs)
     setmaxnreg: bool = False  # rebalance registers (consumer_wgs == 2 only; see check_setmaxnreg)
     producer_regs: int = 56
     consumer_regs: int = 224
@@ -64,6 +65,7 @@ class Sm90GemmConfig:
         zp = ("zp" if self.zero_point else "") + ("f4" if self.fp4 else "")
         sch = ("" if self.schedule == "overlap" else "_ser") + ("_mr" if self.setmaxnreg else "")
         sch += f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else ""
+        sch += f"_r{self.row_blocks_per_cta}" if self.row_blocks_per_cta > 1 else ""
         return (
             f"sm90_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_w{self.consumer_wgs}_{self.epi}{act}{sch}"

@@ -85,6 +85,43 @@ EXTRA_TILES = (
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
     dict(tokens_per_tile=80, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
+    # several row blocks per down CTA (``row_blocks_per_cta``): the short-K down GEMM of a TP shard
+    # (K = I = 256 in W1: two K tiles per row block) was latency-bound with one row block per CTA (ncu,
+    # W1 2048 tokens: 495 us, 26% of DRAM and SM throughput). Gate/up tiles as in candidates 17, 11, 2,
+    # 16, 0, 8 and 19 (W1 rows), 18, 15 and 14 (W2 rows).
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=14),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=4),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, down_row_blocks_per_cta=7),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_row_blocks_per_cta=7),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_row_blocks_per_cta=14),
+    dict(tokens_per_tile=80, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, down_row_blocks_per_cta=4),
+    dict(tokens_per_tile=48, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, down_row_blocks_per_cta=4),
+    dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, down_row_blocks_per_cta=4),
+    dict(tokens_per_tile=32, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, down_row_blocks_per_cta=7),
+    dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4,
+         down_row_blocks_per_cta=7),
+    dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4,
+         down_m64_per_block=4, down_min_ctas_per_sm=2, down_row_blocks_per_cta=7),
+    dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7),
+    # (measured: W1 2048 821.5 us with candidate 23 vs 919.3 with 17; its down GEMM still only 38% of DRAM
+    # throughput) deeper down rings, so that the producer runs more than one row block ahead; gate/up tiles
+    # of candidates 17 (W1 2048), 16 (W1 1024) and 2
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7,
+         down_k_tile=64, down_stages=8),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7,
+         down_k_tile=64, down_stages=6),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7,
+         down_stages=4),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=14,
+         down_k_tile=64, down_stages=8),
+    dict(tokens_per_tile=32, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, down_row_blocks_per_cta=7,
+         down_stages=8),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_m64_per_block=4, down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=8,
+         down_row_blocks_per_cta=7),
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
@@ -242,7 +279,8 @@ def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: in
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
     """Split-K factor: enough CTAs for two waves when the (row block x token tile) grid is small."""
     tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
-    ctas = (n // (64 * cfg.m64_per_block)) * tiles
+    rb = cfg.row_blocks_per_cta
+    ctas = -(-(n // (64 * cfg.m64_per_block)) // rb) * tiles
     k_tiles = k // cfg.k_tile
     if ctas >= SM_COUNT:
         return 1

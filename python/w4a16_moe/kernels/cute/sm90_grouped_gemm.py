@@ -25,7 +25,9 @@ CTA = ``128 * (1 + consumer_wgs)`` threads:
   whole tile, issue its WGMMAs, ``wait_group(0)``, release (simple reference schedule).
 * epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
   B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
-  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``.
+  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``. The down
+  GEMM's route ids (and, fused, routing weights) of each thread's output rows are loaded into
+  registers before the mainloop, so no dependent global load sits in the epilogue.
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile to ``ws``,
 then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
@@ -54,7 +56,13 @@ with ``N % (64*X) == 0`` (``(N/2) % (32*X) == 0`` for gated gate_up) and ``K % B
 
 Tuning knobs (static): ``m64_per_block`` x ``consumer_wgs`` (weight rows per CTA and how they split
 over consumer warpgroups), ``tokens_per_tile``, ``k_tile``, ``stages``, ``min_ctas_per_sm`` (caps
-registers so that several small CTAs share an SM: latency hiding for decode-sized batches).
+registers so that several small CTAs share an SM: latency hiding for decode-sized batches),
+``row_blocks_per_cta`` (``RB``: a CTA runs ``RB`` consecutive row blocks of its token tile, grid x =
+``cdiv(N / (64*X), RB)``. Its producer streams the weight chunks of all of them as one ring sequence, so
+the next row block's weights are in flight while the consumers run the current one's epilogue, which
+then stages in a buffer of its own instead of the ring. For the down GEMM of a TP shard, whose
+reduction ``K = I`` is only a few K tiles, a one-row-block CTA spends most of its life waiting for its
+first loads: ncu measured W1's at 2048 tokens at 26% of DRAM and of SM throughput).
 Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
 """
 
@@ -134,6 +142,9 @@ class Sm90W4A16GroupedGemm:
         self.ncwg = c.consumer_wgs
         self.XW = self.X // self.ncwg  # m64 blocks per consumer warpgroup
         self.TN = c.tokens_per_tile
+        self.RB = c.row_blocks_per_cta
+        if self.RB < 1:
+            raise ValueError("row_blocks_per_cta must be >= 1")
         self.BK = c.k_tile
         self.S = c.stages
         self.C = self.BK // 64
@@ -152,8 +163,11 @@ class Sm90W4A16GroupedGemm:
         self.cols_out = self.cols // 2 if c.gated else self.cols
         self.rs = self.cols + 4  # padded staging row stride (FP32 elements): conflict-free writes
         self.epi_bytes = self.TN * self.rs * 4
-        self.b_region = max(self.S * self.b_stage, self.epi_bytes)
-        smem = self.S * self.w_stage + self.b_region + 2048 + 16 * self.S
+        # one row block per CTA: the epilogue stages in the B ring (the producer is done by then);
+        # several: the ring is already filling with the next row block's tiles, so staging has its own
+        self.b_region = max(self.S * self.b_stage, self.epi_bytes) if self.RB == 1 else self.S * self.b_stage
+        self.e_region = 0 if self.RB == 1 else self.epi_bytes
+        smem = self.S * self.w_stage + self.b_region + self.e_region + 2048 + 16 * self.S
         if smem > 227 * 1024:
             raise ValueError(f"{c.name()}: needs about {smem} bytes of shared memory")
         self.smem_bytes = smem
@@ -214,21 +228,35 @@ class Sm90W4A16GroupedGemm:
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.ab_dtype)
         b_layout = cute.tile_to_shape(atom, (self.TN, self.BK, self.S), order=(0, 1, 2))
 
-        @cute.struct
-        class Storage:
-            full: cute.struct.MemRange[Int64, self.S]
-            empty: cute.struct.MemRange[Int64, self.S]
-            misc: cute.struct.MemRange[Int32, 4]
-            sW: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.S * self.w_stage], 128]
-            sB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.b_region], 1024]
+        # shared memory: barrier rings, misc words, the weight ring, the B ring, and (RB > 1) the
+        # epilogue's staging tile
+        if const_expr(self.RB == 1):
+            @cute.struct
+            class Storage:
+                full: cute.struct.MemRange[Int64, self.S]
+                empty: cute.struct.MemRange[Int64, self.S]
+                misc: cute.struct.MemRange[Int32, 4]
+                sW: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.S * self.w_stage], 128]
+                sB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.b_region], 1024]
 
-        self.storage_cls = Storage
+            self.storage_cls = Storage
+        else:
+            @cute.struct
+            class StorageRB:
+                full: cute.struct.MemRange[Int64, self.S]
+                empty: cute.struct.MemRange[Int64, self.S]
+                misc: cute.struct.MemRange[Int32, 4]
+                sW: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.S * self.w_stage], 128]
+                sB: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.b_region], 1024]
+                sE: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.e_region], 128]
+
+            self.storage_cls = StorageRB
         nb_count = n // (64 * self.X)
         self.kernel(
             w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
             num_experts, n, k, num_routes, top_k, num_splits, tiled_mma, b_layout,
         ).launch(
-            grid=[nb_count, max_tiles, num_splits],
+            grid=[(nb_count + self.RB - 1) // self.RB, max_tiles, num_splits],
             block=[self.threads, 1, 1],
             stream=stream,
             **self._occupancy_kwargs(),
@@ -264,7 +292,9 @@ class Sm90W4A16GroupedGemm:
     ):
         TN, BK, S = self.TN, self.BK, self.S
         tidx, _, _ = cute.arch.thread_idx()
-        nb, tile, split = cute.arch.block_idx()
+        nbx, tile, split = cute.arch.block_idx()
+        nb0 = nbx * self.RB  # this CTA's row blocks: nb0 .. nb0 + nrb - 1
+        nrb = cutlass.min(n // (64 * self.X) - nb0, self.RB)
         wg = cute.arch.make_warp_uniform(tidx // 128)
 
         g_bs = cute.make_tensor(block_start, cute.make_layout(num_experts + 1))
@@ -279,6 +309,9 @@ class Sm90W4A16GroupedGemm:
         sW_addr = st.sW.data_ptr().toint()
         sB_ptr = st.sB.data_ptr()
         sB_addr = sB_ptr.toint()
+        stg_addr = sB_addr  # epilogue staging
+        if const_expr(self.RB > 1):
+            stg_addr = st.sE.data_ptr().toint()
         if tidx == 0:
             ptx.st_shared_b32(misc_addr, -1)
             for s in cutlass.range_constexpr(S):
@@ -303,30 +336,55 @@ class Sm90W4A16GroupedGemm:
             if wg == 0:
                 if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
-                self._producer(tidx, w, act, g_rs, g_bs, g_routes, e, tile, nb, n, k, top_k, kt0, nk,
+                self._producer(tidx, w, act, g_rs, g_bs, g_routes, e, tile, nb0, nrb, n, k, top_k, kt0, nk,
                                full0, empty0, sW_addr, sB_addr)
             else:
                 if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
                 ct = tidx % 128  # thread index inside its consumer warpgroup
                 cw = wg - 1
-                acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, nk)
                 slot0 = g_rs[e] + (tile - g_bs[e]) * TN
                 count = cutlass.min(g_rs[e + 1] - slot0, TN)
-                self._epilogue(ct, cw, acc, sB_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
-                               nb, tile, split, n, num_routes, top_k, num_splits, slot0, count)
+                # the down epilogue's route ids (and routing weights) of this thread's output rows, loaded
+                # once, before the mainloop hides their latency (the same rows for every row block)
+                its = self._epi_items()
+                rt = cute.make_rmem_tensor((its,), Int32)
+                tw_r = cute.make_rmem_tensor((its,), Float32)
+                if const_expr(self.cfg.mode == "down"):
+                    g_tw = cute.make_tensor(topk_weights, cute.make_layout(num_routes))
+                    for it in cutlass.range_constexpr(its):
+                        i = cutlass.min((cw * 128 + ct + it * self.ncons) // (self.cols_out // 8), count - 1)
+                        rt[it] = g_routes[slot0 + i]
+                        if const_expr(self.cfg.epi == "atomic_f32"):
+                            tw_r[it] = g_tw[rt[it]]
+                if const_expr(self.RB == 1):
+                    acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk)
+                    self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, rt, tw_r, ws, counters,
+                                   nb0, tile, split, n, top_k, num_splits, slot0, count)
+                else:
+                    # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
+                    for j in cutlass.range(nrb, unroll=1):
+                        acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
+                                             j * nk, nk)
+                        self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, rt, tw_r, ws, counters,
+                                       nb0 + j, tile, split, n, top_k, num_splits, slot0, count)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def _producer(self, pt, w, act, g_rs, g_bs, g_routes, e, tile, nb, n, k, top_k, kt0, nk,
+    def _producer(self, pt, w, act, g_rs, g_bs, g_routes, e, tile, nb0, nrb, n, k, top_k, kt0, nk,
                   full0, empty0, sW_addr, sB_addr):
+        """Fill the ring with ring sequence numbers ``g = j * nk + it``: K tile ``kt0 + it`` of row block
+        ``nb0 + j`` (``j < nrb``)."""
         TN, BK, S = self.TN, self.BK, self.S
         nb_count = n // (64 * self.X)
-        w_base = w.toint() + ((Int64(e) * Int64(nb_count) + Int64(nb)) * Int64(k // BK) + Int64(kt0)) * self.chunk
+        kt_total = k // BK
+        # chunk (e, nb0, kt0): chunks are laid out (expert, row block, K tile), contiguous
+        w_base = w.toint() + ((Int64(e) * Int64(nb_count) + Int64(nb0)) * Int64(kt_total) + Int64(kt0)) * self.chunk
+        n_seq = nrb * nk  # ring sequence numbers of this CTA
         # start streaming weights at once (the first S stages are free): they do not depend on the routes
         if pt == 0:
-            for it in cutlass.range(cutlass.min(nk, S), unroll=1):
-                self._issue_w(it, w_base, full0, sW_addr)
+            for g in cutlass.range(cutlass.min(n_seq, S), unroll=1):
+                self._issue_w(g, self._chunk_addr(w_base, g, nk, kt_total), full0, sW_addr)
         # this thread's activation rows (16-byte chunk c of rows r0, r0 + RSTEP, ...)
         CPR = BK // 8  # 16-byte chunks per activation row
         total = TN * CPR
@@ -347,12 +405,13 @@ class Sm90W4A16GroupedGemm:
                 rows[j] = g_routes[slot0 + ii] // top_k
             else:
                 rows[j] = slot0 + ii
-        for it in cutlass.range(nk, unroll=1):
-            stage = it % S
-            if it >= S:
-                cute.arch.mbarrier_wait(empty0 + stage, ((it // S) & 1) ^ 1)
+        for g in cutlass.range(n_seq, unroll=1):
+            stage = g % S
+            it = g % nk if const_expr(self.RB > 1) else g
+            if g >= S:
+                cute.arch.mbarrier_wait(empty0 + stage, ((g // S) & 1) ^ 1)
                 if pt == 0:
-                    self._issue_w(it, w_base, full0, sW_addr)
+                    self._issue_w(g, self._chunk_addr(w_base, g, nk, kt_total), full0, sW_addr)
             kofs = act_base + Int64((kt0 + it) * (BK * 2))
             dst_stage = sB_addr + stage * self.b_stage + dst_const
             for j in cutlass.range_constexpr(NIT):
@@ -366,13 +425,23 @@ class Sm90W4A16GroupedGemm:
             cute.arch.cp_async_mbarrier_arrive_noinc(full0 + stage)
 
     @cute.jit
-    def _issue_w(self, it, w_base, full0, sW_addr):
-        """Thread 0: arm stage ``it % S`` with the chunk's byte count and bulk-copy the weight chunk."""
-        stage = it % self.S
+    def _chunk_addr(self, w_base, g, nk, kt_total):
+        """Global address of ring sequence ``g``'s weight chunk (row block ``g // nk`` after ``nb0``)."""
+        if const_expr(self.RB == 1):
+            addr = w_base + Int64(g) * self.chunk
+        else:
+            j = g // nk
+            addr = w_base + (Int64(j) * Int64(kt_total) + Int64(g - j * nk)) * self.chunk
+        return addr
+
+    @cute.jit
+    def _issue_w(self, g, src, full0, sW_addr):
+        """Thread 0: arm stage ``g % S`` with the chunk's byte count and bulk-copy the weight chunk."""
+        stage = g % self.S
         cute.arch.mbarrier_arrive_and_expect_tx(full0 + stage, self.chunk)
         ptx.bulk_g2s(
             sW_addr + stage * self.w_stage,
-            w_base + Int64(it) * self.chunk,
+            src,
             self.chunk,
             (full0 + stage).toint(),
             evict_first=self.cfg.evict_first,
@@ -460,7 +529,8 @@ class Sm90W4A16GroupedGemm:
         return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     @cute.jit
-    def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, nk):
+    def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk):
+        """The accumulators of ring sequence numbers ``g0 .. g0 + nk - 1`` (one row block's K tiles)."""
         TN, BK, S, XW, KB = self.TN, self.BK, self.S, self.XW, self.KB
         sB = cute.make_tensor(cute.recast_ptr(sB_ptr, b_layout.inner, dtype=self.ab_dtype), b_layout.outer)
         thr_mma = tiled_mma.get_slice(ct)
@@ -472,8 +542,9 @@ class Sm90W4A16GroupedGemm:
         tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
         if const_expr(self.cfg.schedule == "serial"):
             for it in cutlass.range(nk, unroll=1):
-                stage = it % S
-                cute.arch.mbarrier_wait(full0 + stage, (it // S) & 1)
+                g = g0 + it
+                stage = g % S
+                cute.arch.mbarrier_wait(full0 + stage, (g // S) & 1)
                 ptx.fence_proxy_async_smem()
                 tw_ = self._load_tile_words(ct, cw, stage, sW_addr)
                 for kb in cutlass.range_constexpr(KB):
@@ -486,8 +557,9 @@ class Sm90W4A16GroupedGemm:
                 cute.arch.mbarrier_arrive(empty0 + stage)
         else:
             for it in cutlass.range(nk, unroll=1):
-                stage = it % S
-                cute.arch.mbarrier_wait(full0 + stage, (it // S) & 1)
+                g = g0 + it
+                stage = g % S
+                cute.arch.mbarrier_wait(full0 + stage, (g // S) & 1)
                 ptx.fence_proxy_async_smem()
                 tw_ = self._load_tile_words(ct, cw, stage, sW_addr)
                 for kb in cutlass.range_constexpr(KB):
@@ -498,14 +570,14 @@ class Sm90W4A16GroupedGemm:
                     if const_expr(kb == KB - 1):
                         # every WGMMA of the previous tile has retired now: release its stage
                         if it > 0:
-                            cute.arch.mbarrier_arrive(empty0 + (it + S - 1) % S)
+                            cute.arch.mbarrier_arrive(empty0 + (g + S - 1) % S)
                     self._decode_block(tw_, kb, frag)
                     warpgroup.fence()
                     cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, stage], acc)
                     warpgroup.commit_group()
             warpgroup.wait_group(0)
             if nk > 0:
-                cute.arch.mbarrier_arrive(empty0 + (nk - 1) % S)
+                cute.arch.mbarrier_arrive(empty0 + (g0 + nk - 1) % S)
         return acc
 
     # ------------------------------------------------------------------------------------------
@@ -528,9 +600,14 @@ class Sm90W4A16GroupedGemm:
             return ((v, rh), x, 0)
         return ((v, rh, j), x, 0)
 
+    def _epi_items(self) -> int:
+        """Output items (8 columns of one row) per consumer thread in the epilogue's store loop."""
+        return (self.TN * (self.cols_out // 8) + self.ncons - 1) // self.ncons
+
     @cute.jit
-    def _epilogue(self, ct, cw, acc, sB_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
-                  nb, tile, split, n, num_routes, top_k, num_splits, slot0, count):
+    def _epilogue(self, ct, cw, acc, stg_addr, misc_addr, out, rt, tw_r, ws, counters,
+                  nb, tile, split, n, top_k, num_splits, slot0, count):
+        """``rt`` / ``tw_r`` (rmem, down only): route id / routing weight of store item ``it``'s row."""
         cfg = self.cfg
         TN, XW, X = self.TN, self.XW, self.X
         rs = self.rs
@@ -541,14 +618,16 @@ class Sm90W4A16GroupedGemm:
         l_ = ct % 32
         # (A) accumulators -> FP32 staging [TN][cols] (column = 64 * m64 block + row in block)
         ptx.fence_proxy_async_smem()
-        cute.arch.barrier(barrier_id=1, number_of_threads=nthr)  # every consumer is done with the ring
+        # every consumer is done with the ring (RB == 1: staging reuses it) and with the previous row
+        # block's staging tile (RB > 1)
+        cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
         for xl in cutlass.range_constexpr(XW):
             for rh in cutlass.range_constexpr(2):
                 col = (cw * XW + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
                 for j in cutlass.range_constexpr(TN // 8):
                     for v in cutlass.range_constexpr(2):
                         tok = 8 * j + 2 * (l_ % 4) + v
-                        ptx.st_shared_f32(sB_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl)])
+                        ptx.st_shared_f32(stg_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl)])
         cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
 
         # (B) split-K: publish this split's partial tile, the last split to arrive finishes
@@ -564,7 +643,7 @@ class Sm90W4A16GroupedGemm:
                 i = idx // vpr
                 vv = idx % vpr
                 if i < count:
-                    d = ptx.ld_shared_v4(sB_addr + (i * rs + vv * 4) * 4)
+                    d = ptx.ld_shared_v4(stg_addr + (i * rs + vv * 4) * 4)
                     dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
                     ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
             ptx.fence_acq_rel_gpu()
@@ -594,9 +673,9 @@ class Sm90W4A16GroupedGemm:
                 i = idx // vpo
                 vv = idx % vpo
                 if i < count:
-                    self._gather8(r_a, sB_addr, ws_base, num_splits, tile_elems, i, vv * 8)
+                    self._gather8(r_a, stg_addr, ws_base, num_splits, tile_elems, i, vv * 8)
                     if const_expr(cfg.gated):
-                        self._gather8(r_b, sB_addr, ws_base, num_splits, tile_elems, i, cols_out + vv * 8)
+                        self._gather8(r_b, stg_addr, ws_base, num_splits, tile_elems, i, cols_out + vv * 8)
                         vals = [self._act(r_a[q], r_b[q]) for q in range(8)]
                     elif const_expr(cfg.mode == "gate_up"):
                         vals = [self._act(r_a[q], r_a[q]) for q in range(8)]
@@ -608,13 +687,11 @@ class Sm90W4A16GroupedGemm:
                         off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
                         self._store8(out_base + off * 2, vals)
                     elif const_expr(cfg.epi == "y"):
-                        route = g_routes[slot]
-                        off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
+                        off = Int64(rt[it]) * Int64(n) + Int64(nb * cols_out + vv * 8)
                         self._store8(out_base + off * 2, vals)
                     else:  # atomic_f32
-                        route = g_routes[slot]
-                        tok = route // top_k
-                        twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
+                        tok = rt[it] // top_k
+                        twt = tw_r[it]
                         off = Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)
                         ptx.red_add_v4_f32(out_base + off * 4, vals[0] * twt, vals[1] * twt, vals[2] * twt,
                                            vals[3] * twt)
@@ -622,7 +699,7 @@ class Sm90W4A16GroupedGemm:
                                            vals[7] * twt)
 
     @cute.jit
-    def _gather8(self, res, sB_addr, ws_base, num_splits, tile_elems, i, col):
+    def _gather8(self, res, stg_addr, ws_base, num_splits, tile_elems, i, col):
         """Fill ``res`` (8 FP32, rmem) with staging row ``i`` from column ``col``: this CTA's tile, or the
         fixed-order sum of every split's partial when split-K is on."""
         if num_splits > 1:
@@ -635,8 +712,8 @@ class Sm90W4A16GroupedGemm:
                     res[q] = res[q] + ptx.i32_as_f32(a[q])
                     res[4 + q] = res[4 + q] + ptx.i32_as_f32(b[q])
         else:
-            a = ptx.ld_shared_v4(sB_addr + (i * self.rs + col) * 4)
-            b = ptx.ld_shared_v4(sB_addr + (i * self.rs + col + 4) * 4)
+            a = ptx.ld_shared_v4(stg_addr + (i * self.rs + col) * 4)
+            b = ptx.ld_shared_v4(stg_addr + (i * self.rs + col + 4) * 4)
             for q in cutlass.range_constexpr(4):
                 res[q] = ptx.i32_as_f32(a[q])
                 res[4 + q] = ptx.i32_as_f32(b[q])

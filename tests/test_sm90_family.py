@@ -1,0 +1,50 @@
+"""The SM90 family's host side on the CPU: several row blocks per CTA (``row_blocks_per_cta``) in the
+configs, the spec names, the split-K rule and the kernel's shared-memory plan (the GPU cases are in
+test_cute_provider.py, which runs every candidate tile shape, these included)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from w4a16_moe.formats.schemes import get_scheme
+from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute.sm90_config import Sm90GemmConfig
+
+RB_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("down_row_blocks_per_cta", 1) > 1]
+
+
+def test_row_block_candidates_only_change_the_down_kernel():
+    assert RB_CANDIDATES, "no candidate runs several row blocks per down CTA"
+    for b in RB_CANDIDATES:
+        tiles = fam.CANDIDATES[b]
+        up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic", tiles)
+        assert up.row_blocks_per_cta == 1 and down.row_blocks_per_cta == tiles["down_row_blocks_per_cta"]
+        assert down.name().endswith(f"_r{down.row_blocks_per_cta}") and "_r" not in up.name()
+        # the packed layouts (row block, K tile) and the routing (token tile) are those of the base shape
+        assert (down.tokens_per_tile, up.tokens_per_tile) == (tiles["tokens_per_tile"],) * 2
+
+
+def test_split_rule_counts_ctas_not_row_blocks():
+    one = Sm90GemmConfig(mode="down", m64_per_block=4, tokens_per_tile=64, k_tile=128)
+    seven = Sm90GemmConfig(mode="down", m64_per_block=4, tokens_per_tile=64, k_tile=128, row_blocks_per_cta=7)
+    # W1 down (N = H = 7168: 28 row blocks of 256), 8 routes on 8 experts
+    assert fam.num_splits(7168, 256, one, 8, 384) == 1  # 28 * 8 = 224 CTAs >= 132
+    assert fam.num_splits(7168, 256, seven, 8, 384) == 2  # 4 * 8 = 32 CTAs: split K (2 K tiles at most)
+    assert fam.num_splits(7168, 2048, seven, 8, 384) == 8
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_row_block_kernel_plan_and_compile():
+    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+
+    base = dict(mode="down", m64_per_block=4, tokens_per_tile=64, k_tile=128, stages=3, consumer_wgs=2)
+    one = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base))
+    several = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, row_blocks_per_cta=7))
+    # RB > 1: the staging tile [TN][64X + 4] FP32 gets its own region next to the B ring
+    assert several.e_region == 64 * (256 + 4) * 4 and one.e_region == 0
+    assert several.smem_bytes == one.smem_bytes - one.b_region + several.b_region + several.e_region
+    with pytest.raises(ValueError, match="row_blocks_per_cta must be >= 1"):
+        Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, row_blocks_per_cta=0))
+    several.compile("sm_90a")  # cross-compiles without a GPU
