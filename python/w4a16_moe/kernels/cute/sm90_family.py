@@ -122,14 +122,6 @@ EXTRA_TILES = (
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_m64_per_block=4, down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=8,
          down_row_blocks_per_cta=7),
-    # (measured: W1 2048 797.6 us with candidate 34, 1024 573.4 with 38) a deeper gate/up ring, RB 14 with
-    # the six-stage down ring, and TN 48 (W1 2048 has about 43 routes per expert) with it
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=4, consumer_wgs=2, down_row_blocks_per_cta=7,
-         down_k_tile=64, down_stages=6),
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=14,
-         down_k_tile=64, down_stages=6),
-    dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7,
-         down_k_tile=64, down_stages=6),
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 

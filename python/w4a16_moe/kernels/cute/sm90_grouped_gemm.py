@@ -25,9 +25,7 @@ CTA = ``128 * (1 + consumer_wgs)`` threads:
   whole tile, issue its WGMMAs, ``wait_group(0)``, release (simple reference schedule).
 * epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
   B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
-  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``. The down
-  GEMM's route ids (and, fused, routing weights) of each thread's output rows are loaded into
-  registers before the mainloop, so no dependent global load sits in the epilogue.
+  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``.
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile to ``ws``,
 then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
@@ -345,29 +343,18 @@ class Sm90W4A16GroupedGemm:
                 cw = wg - 1
                 slot0 = g_rs[e] + (tile - g_bs[e]) * TN
                 count = cutlass.min(g_rs[e + 1] - slot0, TN)
-                # the down epilogue's route ids (and routing weights) of this thread's output rows, loaded
-                # once, before the mainloop hides their latency (the same rows for every row block)
-                its = self._epi_items()
-                rt = cute.make_rmem_tensor((its,), Int32)
-                tw_r = cute.make_rmem_tensor((its,), Float32)
-                if const_expr(self.cfg.mode == "down"):
-                    g_tw = cute.make_tensor(topk_weights, cute.make_layout(num_routes))
-                    for it in cutlass.range_constexpr(its):
-                        i = cutlass.min((cw * 128 + ct + it * self.ncons) // (self.cols_out // 8), count - 1)
-                        rt[it] = g_routes[slot0 + i]
-                        if const_expr(self.cfg.epi == "atomic_f32"):
-                            tw_r[it] = g_tw[rt[it]]
                 if const_expr(self.RB == 1):
                     acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk)
-                    self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, rt, tw_r, ws, counters,
-                                   nb0, tile, split, n, top_k, num_splits, slot0, count)
+                    self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
+                                   nb0, tile, split, n, num_routes, top_k, num_splits, slot0, count)
                 else:
                     # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
                     for j in cutlass.range(nrb, unroll=1):
                         acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
                                              j * nk, nk)
-                        self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, rt, tw_r, ws, counters,
-                                       nb0 + j, tile, split, n, top_k, num_splits, slot0, count)
+                        self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
+                                       counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits, slot0,
+                                       count)
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -600,14 +587,9 @@ class Sm90W4A16GroupedGemm:
             return ((v, rh), x, 0)
         return ((v, rh, j), x, 0)
 
-    def _epi_items(self) -> int:
-        """Output items (8 columns of one row) per consumer thread in the epilogue's store loop."""
-        return (self.TN * (self.cols_out // 8) + self.ncons - 1) // self.ncons
-
     @cute.jit
-    def _epilogue(self, ct, cw, acc, stg_addr, misc_addr, out, rt, tw_r, ws, counters,
-                  nb, tile, split, n, top_k, num_splits, slot0, count):
-        """``rt`` / ``tw_r`` (rmem, down only): route id / routing weight of store item ``it``'s row."""
+    def _epilogue(self, ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
+                  nb, tile, split, n, num_routes, top_k, num_splits, slot0, count):
         cfg = self.cfg
         TN, XW, X = self.TN, self.XW, self.X
         rs = self.rs
@@ -687,11 +669,13 @@ class Sm90W4A16GroupedGemm:
                         off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
                         self._store8(out_base + off * 2, vals)
                     elif const_expr(cfg.epi == "y"):
-                        off = Int64(rt[it]) * Int64(n) + Int64(nb * cols_out + vv * 8)
+                        route = g_routes[slot]
+                        off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
                         self._store8(out_base + off * 2, vals)
                     else:  # atomic_f32
-                        tok = rt[it] // top_k
-                        twt = tw_r[it]
+                        route = g_routes[slot]
+                        tok = route // top_k
+                        twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
                         off = Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)
                         ptx.red_add_v4_f32(out_base + off * 4, vals[0] * twt, vals[1] * twt, vals[2] * twt,
                                            vals[3] * twt)
