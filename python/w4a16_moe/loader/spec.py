@@ -30,6 +30,8 @@ kernel of that family is actually compiled: importing the loader never imports `
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -50,6 +52,7 @@ __all__ = [
     "registered_families",
     "family_source_hash",
     "check_arch",
+    "config_codec",
 ]
 
 ParamValue = Union[int, bool, str]
@@ -269,6 +272,23 @@ _BUILTIN_FAMILIES = {
         ),
     ),
 }
+
+
+def config_codec(family: str, make_config: Callable[..., Any]) -> tuple:
+    """``(spec_for, config_from_spec)`` of a family whose spec params are exactly the fields of its static
+    config dataclass: ``spec_for(cfg)`` (cached) names every codegen parameter, ``config_from_spec(spec)``
+    rebuilds the config with ``make_config(**params)`` and rejects another family's spec."""
+
+    @functools.lru_cache(maxsize=None)
+    def spec_for(cfg) -> KernelSpec:
+        return KernelSpec(family, dataclasses.asdict(cfg))
+
+    def config_from_spec(spec: KernelSpec):
+        if spec.family != family:
+            raise ValueError(f"spec family {spec.family!r} is not {family!r}")
+        return make_config(**dict(spec.params))
+
+    return spec_for, config_from_spec
 
 
 def register_family(

@@ -18,12 +18,11 @@ This module imports neither ``cutlass`` nor the kernel module.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec
+from ...loader.spec import KernelSpec, config_codec
 from . import sm90_family
 from .sm90_family import group_param  # the decode kernels read the SM90 layout: same group convention
 
@@ -60,15 +59,7 @@ def kernel_config(**fields):
     return DecodeGemvConfig(**fields)
 
 
-@functools.lru_cache(maxsize=None)
-def spec_for(cfg) -> KernelSpec:
-    return KernelSpec(FAMILY, dataclasses.asdict(cfg))
-
-
-def config_from_spec(spec: KernelSpec):
-    if spec.family != FAMILY:
-        raise ValueError(f"spec family {spec.family!r} is not {FAMILY!r}")
-    return kernel_config(**dict(spec.params))
+spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -32,13 +32,12 @@ selects among compiled kernels, so it is not part of the kernels' source hash.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec
+from ...loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "TILES", "spec_for", "config_from_spec", "select_tiles", "variants", "kernel_config"]
 
@@ -138,15 +137,7 @@ def kernel_config(**fields):
     return Sm90GemmConfig(**fields)
 
 
-@functools.lru_cache(maxsize=None)
-def spec_for(cfg) -> KernelSpec:
-    return KernelSpec(FAMILY, dataclasses.asdict(cfg))
-
-
-def config_from_spec(spec: KernelSpec):
-    if spec.family != FAMILY:
-        raise ValueError(f"spec family {spec.family!r} is not {FAMILY!r}")
-    return kernel_config(**dict(spec.params))
+spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
 def _bucket(rows_per_expert: int) -> dict:

@@ -24,11 +24,10 @@ This module imports neither ``cutlass`` nor the kernel module (run-time selectio
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec
+from ...loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
            "gemm_configs", "num_splits", "variants", "aot_variants", "kernel_config", "group_param"]
@@ -66,15 +65,7 @@ def kernel_config(**fields):
     return WarpGemmConfig(**fields)
 
 
-@functools.lru_cache(maxsize=None)
-def spec_for(cfg) -> KernelSpec:
-    return KernelSpec(FAMILY, dataclasses.asdict(cfg))
-
-
-def config_from_spec(spec: KernelSpec):
-    if spec.family != FAMILY:
-        raise ValueError(f"spec family {spec.family!r} is not {FAMILY!r}")
-    return kernel_config(**dict(spec.params))
+spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
 def _bucket(rows_per_expert: int) -> dict:
