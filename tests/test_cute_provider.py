@@ -192,6 +192,21 @@ def test_candidate_tiles_and_split_k(bucket, splits, scheme):
         fam.FORCE.clear()
 
 
+# every candidate with several row blocks per down CTA, on a down GEMM whose K tiles outnumber the ring's
+# stages (K = I = 1024: 8 or 16 K tiles): the activation tile cannot stay resident (as it does for I = 256
+# above) and is re-gathered with every stage; split 3 gives 3-6 K tiles per split (resident for most rings)
+@pytest.mark.parametrize("bucket", [b for b, t in enumerate(fam.CANDIDATES) if t.get("down_row_blocks_per_cta", 1) > 1])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_row_block_candidates_long_k(bucket, splits):
+    w = _weights("int4_g32", h=1024, i=1024, seed=40 + bucket)
+    fam.FORCE.update(bucket=bucket, splits=splits)
+    try:
+        x, tw, ids, out = _run(w, 29, 8, seed=bucket)
+        assert torch.equal(wm.fused_moe(x, w, tw, ids, backend="cute"), out)
+    finally:
+        fam.FORCE.clear()
+
+
 def test_batch_invariant_mode(monkeypatch):
     """W4A16_MOE_BATCH_INVARIANT=1: a token's output does not depend on the rest of the batch."""
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")

@@ -1,5 +1,5 @@
-"""The SM90 family's host side on the CPU: several row blocks per CTA (``row_blocks_per_cta``) in the
-configs, the spec names, the split-K rule and the kernel's shared-memory plan (the GPU cases are in
+"""The SM90 family's host side on the CPU: several row blocks per CTA (``row_blocks_per_cta``, also
+ping-pong) in the configs, the spec names, the split-K rule and the kernel's shared-memory plan (the GPU cases are in
 test_cute_provider.py, which runs every candidate tile shape, these included)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_row_block_candidates_only_change_the_down_kernel():
         tiles = fam.CANDIDATES[b]
         up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic", tiles)
         assert up.row_blocks_per_cta == 1 and down.row_blocks_per_cta == tiles["down_row_blocks_per_cta"]
-        assert down.name().endswith(f"_r{down.row_blocks_per_cta}") and "_r" not in up.name()
+        assert f"_r{down.row_blocks_per_cta}" in down.name() and "_r" not in up.name()
         # the packed layouts (row block, K tile) and the routing (token tile) are those of the base shape
         assert (down.tokens_per_tile, up.tokens_per_tile) == (tiles["tokens_per_tile"],) * 2
 
@@ -48,3 +48,54 @@ def test_row_block_kernel_plan_and_compile():
     with pytest.raises(ValueError, match="row_blocks_per_cta must be >= 1"):
         Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, row_blocks_per_cta=0))
     several.compile("sm_90a")  # cross-compiles without a GPU
+
+
+PP_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("down_pingpong")]
+
+
+def test_pingpong_candidates():
+    assert PP_CANDIDATES, "no ping-pong candidate"
+    for b in PP_CANDIDATES:
+        up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic",
+                                    fam.CANDIDATES[b])
+        assert down.pingpong and not up.pingpong and "_pp" in down.name()
+        assert down.consumer_wgs == 2 and down.row_blocks_per_cta > 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_pingpong_kernel_plan_and_compile():
+    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+
+    base = dict(mode="down", m64_per_block=2, tokens_per_tile=64, k_tile=64, stages=8, consumer_wgs=2,
+                row_blocks_per_cta=14)
+    both = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base))
+    pp = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, pingpong=1))
+    # each warpgroup owns whole row blocks (both m64 blocks), stages one and consumes a stage alone
+    assert (pp.XW, both.XW) == (2, 1) and (pp.nepi, both.nepi) == (128, 256)
+    assert pp.e_region == 2 * both.e_region == 2 * 64 * (128 + 4) * 4
+    for bad in (dict(base, consumer_wgs=1), dict(base, row_blocks_per_cta=1)):
+        with pytest.raises(ValueError, match="pingpong needs consumer_wgs == 2 and row_blocks_per_cta >= 2"):
+            Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad, pingpong=1))
+    pp.compile("sm_90a")
+    # pingpong=2: the mainloops take turns only where the ring is too shallow for them to overlap safely
+    free = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, pingpong=2))
+    assert free.cfg.name().endswith("_pp2") and (free.XW, free.nepi, free.e_region) == (pp.XW, pp.nepi, pp.e_region)
+    with pytest.raises(ValueError, match="pingpong must be 0, 1 or 2"):
+        Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, pingpong=3))
+    free.compile("sm_90a")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_b_slots_plan():
+    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+
+    base = dict(mode="down", m64_per_block=2, tokens_per_tile=56, k_tile=64, stages=16, consumer_wgs=2,
+                row_blocks_per_cta=28, pingpong=1)
+    four = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, b_slots=4))
+    full = Sm90W4A16GroupedGemm(Sm90GemmConfig(**dict(base, stages=8)))
+    assert four.cfg.name().endswith("_pp_b4") and (four.BS, full.BS) == (4, 8)
+    assert four.b_region == 4 * 56 * 64 * 2 and full.b_region == 8 * 56 * 64 * 2
+    for bad in (dict(base, b_slots=17), dict(base, b_slots=4, row_blocks_per_cta=1, pingpong=0)):
+        with pytest.raises(ValueError, match="b_slots needs row_blocks_per_cta >= 2 and 1 <= b_slots <= stages"):
+            Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
+    four.compile("sm_90a")

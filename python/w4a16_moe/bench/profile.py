@@ -49,6 +49,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tokens", default="1,8")
     ap.add_argument("--providers", default="cute")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--buckets", default=None,
+                    help="SM90 tile candidates to force, one profile each (indices into sm90_family.CANDIDATES; "
+                         "default: the tuned table / rule)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("profile: needs a CUDA GPU", file=sys.stderr)
@@ -58,20 +61,31 @@ def main(argv: Optional[list[str]] = None) -> int:
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
     out_json = []
+    from ..kernels.cute import sm90_family as fam
+
+    buckets = [None] if a.buckets is None else [int(b) for b in a.buckets.split(",")]
     for t in (int(v) for v in a.tokens.split(",")):
         x, tw, ids = make_inputs(wl, t, gen, dev)
         for p in a.providers.split(","):
-            fn = _provider_fn(p, wl, weights)
-            out = torch.empty_like(x)
-            call = (lambda fn=fn: fn(x, tw, ids, out=out))
-            rows = profile_call(call)
-            graph_us = _time(call)
-            kern = sum(n * us for _, n, us in rows)
-            print(f"{wl.name} T={t} {p}: graph replay {graph_us:.1f} us, kernels {kern:.1f} us per call")
-            for name, n, us in rows:
-                print(f"    {us:8.1f} us x {n:.0f}  {name[:110]}")
-            out_json.append({"workload": wl.name, "tokens": t, "provider": p, "graph_us": graph_us,
-                             "kernels": [{"name": nm, "per_call": n, "mean_us": us} for nm, n, us in rows]})
+            for b in buckets:
+                fam.FORCE.clear()
+                if b is not None:
+                    fam.FORCE.update(bucket=b)
+                try:
+                    fn = _provider_fn(p, wl, weights)
+                    out = torch.empty_like(x)
+                    call = (lambda fn=fn, x=x, tw=tw, ids=ids, out=out: fn(x, tw, ids, out=out))
+                    rows = profile_call(call)
+                    graph_us = _time(call)
+                finally:
+                    fam.FORCE.clear()
+                kern = sum(n * us for _, n, us in rows)
+                what = p if b is None else f"{p} bucket {b}"
+                print(f"{wl.name} T={t} {what}: graph replay {graph_us:.1f} us, kernels {kern:.1f} us per call")
+                for name, n, us in rows:
+                    print(f"    {us:8.1f} us x {n:.0f}  {name[:110]}")
+                out_json.append({"workload": wl.name, "tokens": t, "provider": p, "bucket": b, "graph_us": graph_us,
+                                 "kernels": [{"name": nm, "per_call": n, "mean_us": us} for nm, n, us in rows]})
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out_json, f, indent=1)

@@ -45,6 +45,10 @@ class Sm90GemmConfig:
     evict_first: bool = True  # L2 evict-first hint on the streamed weights
     min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that many CTAs fit on an SM
     row_blocks_per_cta: int = 1  # RB: consecutive row blocks per CTA, one weight stream (short-K down GEMMs)
+    # RB > 1, two consumer WGs, each owning whole row blocks, alternately: 0 off; 1 their mainloops take
+    # turns; 2 they take turns only where a deep enough ring does not make it necessary (stages > K tiles)
+    pingpong: int = 0
+    b_slots: int = 0  # RB > 1: activation-tile slots (0 = stages); fewer than stages frees shared memory
     setmaxnreg: bool = False  # rebalance registers (consumer_wgs == 2 only; see check_setmaxnreg)
     producer_regs: int = 56
     consumer_regs: int = 224
@@ -66,6 +70,8 @@ class Sm90GemmConfig:
         sch = ("" if self.schedule == "overlap" else "_ser") + ("_mr" if self.setmaxnreg else "")
         sch += f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else ""
         sch += f"_r{self.row_blocks_per_cta}" if self.row_blocks_per_cta > 1 else ""
+        sch += {0: "", 1: "_pp"}.get(self.pingpong, f"_pp{self.pingpong}")
+        sch += f"_b{self.b_slots}" if self.b_slots else ""
         return (
             f"sm90_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_w{self.consumer_wgs}_{self.epi}{act}{sch}"

@@ -121,6 +121,60 @@ EXTRA_TILES = (
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_m64_per_block=4, down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=8,
          down_row_blocks_per_cta=7),
+    # (measured: W1 2048 797.6 us with 34, but its down kernel spills) ping-pong down CTAs: the two consumer
+    # warpgroups take alternate 128-row blocks, so one's epilogue runs under the other's mainloop; gate/up
+    # tiles of candidates 17, 38 and 18
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14, down_pingpong=1),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=28, down_pingpong=1),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=8, down_pingpong=1),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=56, down_pingpong=1),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14,
+         down_pingpong=1),
+    dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14, down_pingpong=1),
+    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=7, down_pingpong=1),
+    # 56-token tiles: W1 2048 has ~43 routes per expert (binomial, sd ~6.5), so TN 56 still gives ~98% of
+    # the experts one tile, with an eighth less padding than TN 64
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14, down_pingpong=1),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=28, down_pingpong=1),
+    # (measured: W1 2048 779.4 us with 47; ncu: gate/up 337 us at 53% of DRAM throughput, down 313 us at 41%)
+    # more weight bytes in flight per SM: deeper gate/up rings, and down rings of 12-20 weight stages with
+    # only 4 activation-tile slots (the resident tile needs K / BK = 4 of them)
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=4, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=6, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=12, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=20, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=14, down_pingpong=1),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=16, down_b_slots=4,
+         down_row_blocks_per_cta=28, down_pingpong=1),
+    # (measured: no gain from the deeper rings, 774-780 us; ncu source counters: both GEMMs are bound by their
+    # consumers' decode + WGMMA issue, and the ping-pong warpgroups wait for their turn 13% of the time) the
+    # two warpgroups' mainloops overlap as well (pingpong=2: safe with stages > K tiles)
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=28, down_pingpong=2),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=2),
+    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
+         down_k_tile=64, down_stages=12, down_b_slots=4, down_row_blocks_per_cta=14, down_pingpong=2),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
+         down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=16, down_b_slots=4,
+         down_row_blocks_per_cta=28, down_pingpong=2),
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 

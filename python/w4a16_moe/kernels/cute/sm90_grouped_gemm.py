@@ -60,7 +60,16 @@ registers so that several small CTAs share an SM: latency hiding for decode-size
 the next row block's weights are in flight while the consumers run the current one's epilogue, which
 then stages in a buffer of its own instead of the ring. For the down GEMM of a TP shard, whose
 reduction ``K = I`` is only a few K tiles, a one-row-block CTA spends most of its life waiting for its
-first loads: ncu measured W1's at 2048 tokens at 26% of DRAM and of SM throughput).
+first loads: ncu measured W1's at 2048 tokens at 26% of DRAM and of SM throughput). With ``RB > 1`` the
+activation tile, the same for every row block of the CTA, stays resident when the split's K tiles fit the
+``b_slots`` B slots (default ``S``; gathered once by the first row block, otherwise re-gathered with every
+stage), so the weight ring can run deeper than the B slots (more weight bytes in flight per SM), and
+``pingpong`` (two consumer warpgroups) gives each warpgroup whole row blocks, alternately: their mainloops
+take turns (named barriers 3 and 4), so one warpgroup's epilogue (in a staging tile of its own) runs under
+the other's mainloop instead of idling the tensor cores; each stage is then consumed by one warpgroup.
+``pingpong=2`` lets the two mainloops also overlap each other where the ring is deep enough for that to be
+safe (``S > nk``; a warpgroup then never waits on a stage more than one phase ahead), and takes turns
+otherwise.
 Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
 """
 
@@ -115,6 +124,10 @@ class Sm90W4A16GroupedGemm:
             raise ValueError("gated gate_up needs an even m64_per_block (gate + up halves)")
         if c.setmaxnreg and (c.consumer_wgs != 2 or c.producer_regs * 128 + c.consumer_regs * 256 > 168 * 384):
             raise ValueError("setmaxnreg needs consumer_wgs == 2 and budgets within 168 registers x 384 threads")
+        if c.pingpong not in (0, 1, 2):
+            raise ValueError("pingpong must be 0, 1 or 2")
+        if c.pingpong and (c.consumer_wgs != 2 or c.row_blocks_per_cta < 2):
+            raise ValueError("pingpong needs consumer_wgs == 2 and row_blocks_per_cta >= 2")
         if c.schedule not in ("overlap", "serial"):
             raise ValueError(f"schedule {c.schedule!r}")
         epi = c.epi
@@ -138,13 +151,18 @@ class Sm90W4A16GroupedGemm:
         self.ab_dtype = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
         self.X = c.m64_per_block
         self.ncwg = c.consumer_wgs
-        self.XW = self.X // self.ncwg  # m64 blocks per consumer warpgroup
+        self.PP = c.pingpong != 0
+        # m64 blocks per consumer warpgroup (ping-pong: the whole row block) and the first one's index
+        self.XW = self.X if self.PP else self.X // self.ncwg
         self.TN = c.tokens_per_tile
         self.RB = c.row_blocks_per_cta
         if self.RB < 1:
             raise ValueError("row_blocks_per_cta must be >= 1")
         self.BK = c.k_tile
         self.S = c.stages
+        if c.b_slots and (self.RB == 1 or not 1 <= c.b_slots <= c.stages):
+            raise ValueError("b_slots needs row_blocks_per_cta >= 2 and 1 <= b_slots <= stages")
+        self.BS = c.b_slots or c.stages  # activation-tile slots
         self.C = self.BK // 64
         self.KB = self.BK // 16
         self.gpt = (self.BK // g) if (g and g <= self.BK) else 1
@@ -156,6 +174,7 @@ class Sm90W4A16GroupedGemm:
         self.b_stage = self.TN * self.BK * 2
         self.threads = 128 * (1 + self.ncwg)
         self.ncons = 128 * self.ncwg
+        self.nepi = 128 if self.PP else self.ncons  # threads that consume one stage / share one epilogue
         # epilogue: FP32 staging [TN][64X + 4] reusing the B ring
         self.cols = 64 * self.X  # accumulator columns (weight rows) per CTA
         self.cols_out = self.cols // 2 if c.gated else self.cols
@@ -163,8 +182,8 @@ class Sm90W4A16GroupedGemm:
         self.epi_bytes = self.TN * self.rs * 4
         # one row block per CTA: the epilogue stages in the B ring (the producer is done by then);
         # several: the ring is already filling with the next row block's tiles, so staging has its own
-        self.b_region = max(self.S * self.b_stage, self.epi_bytes) if self.RB == 1 else self.S * self.b_stage
-        self.e_region = 0 if self.RB == 1 else self.epi_bytes
+        self.b_region = max(self.S * self.b_stage, self.epi_bytes) if self.RB == 1 else self.BS * self.b_stage
+        self.e_region = 0 if self.RB == 1 else self.epi_bytes * (2 if self.PP else 1)
         smem = self.S * self.w_stage + self.b_region + self.e_region + 2048 + 16 * self.S
         if smem > 227 * 1024:
             raise ValueError(f"{c.name()}: needs about {smem} bytes of shared memory")
@@ -224,7 +243,7 @@ class Sm90W4A16GroupedGemm:
             warpgroup.OperandSource.RMEM,
         )
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.ab_dtype)
-        b_layout = cute.tile_to_shape(atom, (self.TN, self.BK, self.S), order=(0, 1, 2))
+        b_layout = cute.tile_to_shape(atom, (self.TN, self.BK, self.BS), order=(0, 1, 2))
 
         # shared memory: barrier rings, misc words, the weight ring, the B ring, and (RB > 1) the
         # epilogue's staging tile
@@ -314,7 +333,7 @@ class Sm90W4A16GroupedGemm:
             ptx.st_shared_b32(misc_addr, -1)
             for s in cutlass.range_constexpr(S):
                 cute.arch.mbarrier_init(full0 + s, 1 + 128)
-                cute.arch.mbarrier_init(empty0 + s, self.ncons)
+                cute.arch.mbarrier_init(empty0 + s, self.nepi)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         # which expert owns this tile: block_start[e] <= tile < block_start[e + 1], searched by all
@@ -344,17 +363,54 @@ class Sm90W4A16GroupedGemm:
                 slot0 = g_rs[e] + (tile - g_bs[e]) * TN
                 count = cutlass.min(g_rs[e + 1] - slot0, TN)
                 if const_expr(self.RB == 1):
-                    acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk)
+                    acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk,
+                                         Int32(S))
                     self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
                                    nb0, tile, split, n, num_routes, top_k, num_splits, slot0, count)
                 else:
-                    # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
-                    for j in cutlass.range(nrb, unroll=1):
-                        acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
-                                             j * nk, nk)
-                        self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
-                                       counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits, slot0,
-                                       count)
+                    bmod = self._b_slots(nk)
+                    if const_expr(self.PP):
+                        # row blocks cw, cw + 2, ...; the mainloops alternate (named barrier 3 + w: "warpgroup
+                        # w may start its next mainloop"), so one warpgroup's epilogue runs under the other's
+                        # mainloop, and a warpgroup never waits on a stage more than one phase ahead
+                        stg = stg_addr + cw * self.epi_bytes
+                        order = Int32(1)
+                        if const_expr(self.cfg.pingpong == 2):
+                            # unordered is safe when S >= nk + 1: a warpgroup's previous stage (ring sequence
+                            # g - nk - 1 at most) was filled, so the stage it waits on is at most one phase
+                            # behind and its parity wait cannot pass early
+                            if nk < S:
+                                order = Int32(0)
+                        for j in cutlass.range(cw, nrb, 2, unroll=1):
+                            if order != 0:
+                                if j > 0:
+                                    cute.arch.barrier(barrier_id=3 + cw, number_of_threads=256)
+                            acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
+                                                 j * nk, nk, bmod)
+                            if order != 0:
+                                if j + 1 < nrb:
+                                    cute.arch.barrier_arrive(barrier_id=4 - cw, number_of_threads=256)
+                            self._epilogue(ct, cw, acc, stg, misc_addr, out, g_routes, topk_weights, ws,
+                                           counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
+                                           slot0, count)
+                    else:
+                        # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
+                        for j in cutlass.range(nrb, unroll=1):
+                            acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
+                                                 j * nk, nk, bmod)
+                            self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
+                                           counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
+                                           slot0, count)
+
+    @cute.jit
+    def _b_slots(self, nk):
+        """RB > 1: the activation tile is the same for every row block of the CTA. When the split's ``nk`` K
+        tiles fit the ``BS`` B slots, they stay resident (gathered once, by the first row block; ring sequence
+        ``g`` reads B slot ``g % nk``); otherwise B is re-gathered with every stage (slot ``g % BS``)."""
+        bmod = Int32(self.BS)
+        if nk <= self.BS:
+            bmod = nk
+        return bmod
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -392,6 +448,12 @@ class Sm90W4A16GroupedGemm:
                 rows[j] = g_routes[slot0 + ii] // top_k
             else:
                 rows[j] = slot0 + ii
+        bmod = Int32(S)
+        fetch_lim = n_seq
+        if const_expr(self.RB > 1):
+            bmod = self._b_slots(nk)
+            if nk <= self.BS:
+                fetch_lim = nk  # resident activation tile: gathered by the first row block only
         for g in cutlass.range(n_seq, unroll=1):
             stage = g % S
             it = g % nk if const_expr(self.RB > 1) else g
@@ -399,16 +461,25 @@ class Sm90W4A16GroupedGemm:
                 cute.arch.mbarrier_wait(empty0 + stage, ((g // S) & 1) ^ 1)
                 if pt == 0:
                     self._issue_w(g, self._chunk_addr(w_base, g, nk, kt_total), full0, sW_addr)
-            kofs = act_base + Int64((kt0 + it) * (BK * 2))
-            dst_stage = sB_addr + stage * self.b_stage + dst_const
-            for j in cutlass.range_constexpr(NIT):
-                src = kofs + Int64(rows[j]) * row_bytes
-                dst = dst_stage + ((r0 + j * RSTEP) // 8) * 1024
-                if const_expr(total % 128 == 0):
-                    ptx.cp_async_16(dst, src)
-                else:
-                    if pt + 128 * j < total:
+            if const_expr(self.BS < S):
+                # re-gathered B (nk > BS): slot g % BS was last read by ring sequence g - BS, whose stage
+                # release the empty wait above (g - S) does not cover
+                if nk > self.BS:
+                    if g >= self.BS:
+                        h = g - self.BS
+                        cute.arch.mbarrier_wait(empty0 + h % S, (h // S) & 1)
+            if g < fetch_lim:
+                kofs = act_base + Int64((kt0 + it) * (BK * 2))
+                bslot = stage if const_expr(self.RB == 1) else g % bmod
+                dst_stage = sB_addr + bslot * self.b_stage + dst_const
+                for j in cutlass.range_constexpr(NIT):
+                    src = kofs + Int64(rows[j]) * row_bytes
+                    dst = dst_stage + ((r0 + j * RSTEP) // 8) * 1024
+                    if const_expr(total % 128 == 0):
                         ptx.cp_async_16(dst, src)
+                    else:
+                        if pt + 128 * j < total:
+                            ptx.cp_async_16(dst, src)
             cute.arch.cp_async_mbarrier_arrive_noinc(full0 + stage)
 
     @cute.jit
@@ -444,7 +515,7 @@ class Sm90W4A16GroupedGemm:
         wbase = sW_addr + stage * self.w_stage
         raw, s_lo, s_hi, b_lo, b_hi = [], [], [], [], []
         for xl in cutlass.range_constexpr(XW):
-            x = cw * XW + xl
+            x = xl if const_expr(self.PP) else cw * XW + xl
             saddr = wbase + self.code_bytes + (x * 32 + q) * (gpt * 4)
             sw = self._lds_words(saddr, gpt)
             s_lo.append([ptx.prmt(v, 0x1010) for v in sw])
@@ -516,8 +587,9 @@ class Sm90W4A16GroupedGemm:
         return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     @cute.jit
-    def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk):
-        """The accumulators of ring sequence numbers ``g0 .. g0 + nk - 1`` (one row block's K tiles)."""
+    def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk, bmod):
+        """The accumulators of ring sequence numbers ``g0 .. g0 + nk - 1`` (one row block's K tiles); ring
+        sequence ``g`` reads B slot ``g % bmod`` (see ``_b_slots``)."""
         TN, BK, S, XW, KB = self.TN, self.BK, self.S, self.XW, self.KB
         sB = cute.make_tensor(cute.recast_ptr(sB_ptr, b_layout.inner, dtype=self.ab_dtype), b_layout.outer)
         thr_mma = tiled_mma.get_slice(ct)
@@ -538,7 +610,7 @@ class Sm90W4A16GroupedGemm:
                     self._decode_block(tw_, kb, frag)
                 warpgroup.fence()
                 for kb in cutlass.range_constexpr(KB):
-                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, stage], acc)
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, self._bslot(g, bmod)], acc)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 cute.arch.mbarrier_arrive(empty0 + stage)
@@ -549,6 +621,7 @@ class Sm90W4A16GroupedGemm:
                 cute.arch.mbarrier_wait(full0 + stage, (g // S) & 1)
                 ptx.fence_proxy_async_smem()
                 tw_ = self._load_tile_words(ct, cw, stage, sW_addr)
+                bslot = self._bslot(g, bmod)
                 for kb in cutlass.range_constexpr(KB):
                     # slot kb was last read by block kb of the previous tile: KB - 1 groups were committed
                     # after it, so wait_group(KB - 1) retires it (no-op during the first tile); the
@@ -560,12 +633,19 @@ class Sm90W4A16GroupedGemm:
                             cute.arch.mbarrier_arrive(empty0 + (g + S - 1) % S)
                     self._decode_block(tw_, kb, frag)
                     warpgroup.fence()
-                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, stage], acc)
+                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, bslot], acc)
                     warpgroup.commit_group()
             warpgroup.wait_group(0)
             if nk > 0:
                 cute.arch.mbarrier_arrive(empty0 + (g0 + nk - 1) % S)
         return acc
+
+    @cute.jit
+    def _bslot(self, g, bmod):
+        res = g % self.S
+        if const_expr(self.RB > 1):
+            res = g % bmod
+        return res
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -594,23 +674,25 @@ class Sm90W4A16GroupedGemm:
         TN, XW, X = self.TN, self.XW, self.X
         rs = self.rs
         cols = self.cols
-        nthr = self.ncons
-        tid = cw * 128 + ct
+        nthr = self.nepi
+        tid = ct if const_expr(self.PP) else cw * 128 + ct
+        bar_id = 1 + cw if const_expr(self.PP) else 1
+        xoff = 0 if const_expr(self.PP) else cw * XW
         w_ = ct // 32
         l_ = ct % 32
         # (A) accumulators -> FP32 staging [TN][cols] (column = 64 * m64 block + row in block)
         ptx.fence_proxy_async_smem()
         # every consumer is done with the ring (RB == 1: staging reuses it) and with the previous row
         # block's staging tile (RB > 1)
-        cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
         for xl in cutlass.range_constexpr(XW):
             for rh in cutlass.range_constexpr(2):
-                col = (cw * XW + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
+                col = (xoff + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
                 for j in cutlass.range_constexpr(TN // 8):
                     for v in cutlass.range_constexpr(2):
                         tok = 8 * j + 2 * (l_ % 4) + v
                         ptx.st_shared_f32(stg_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl)])
-        cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
 
         # (B) split-K: publish this split's partial tile, the last split to arrive finishes
         nb_count = n // cols
@@ -618,6 +700,7 @@ class Sm90W4A16GroupedGemm:
         tile_elems = TN * cols
         ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
         is_last = Int32(1)
+        last_ofs = 4 + 4 * cw if const_expr(self.PP) else 4  # misc word 1 (ping-pong: 1 + warpgroup)
         if num_splits > 1:
             vpr = cols // 4
             for it in cutlass.range_constexpr((TN * vpr + nthr - 1) // nthr):
@@ -629,7 +712,7 @@ class Sm90W4A16GroupedGemm:
                     dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
                     ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
             ptx.fence_acq_rel_gpu()
-            cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
             if tid == 0:
                 cnt_addr = counters.toint() + Int64(tile_id) * 4
                 old = ptx.atom_add_gpu(cnt_addr, 1)
@@ -638,9 +721,9 @@ class Sm90W4A16GroupedGemm:
                     last = Int32(1)
                     ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
                 ptx.fence_acq_rel_gpu()
-                ptx.st_shared_b32(misc_addr + 4, last)
-            cute.arch.barrier(barrier_id=1, number_of_threads=nthr)
-            is_last = ptx.ld_shared_b32(misc_addr + 4)
+                ptx.st_shared_b32(misc_addr + last_ofs, last)
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
+            is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
             ptx.fence_acq_rel_gpu()
 
         # (C) finish: 8 output columns per item
