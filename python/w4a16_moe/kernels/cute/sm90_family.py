@@ -175,6 +175,9 @@ EXTRA_TILES = (
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=16, down_b_slots=4,
          down_row_blocks_per_cta=28, down_pingpong=2),
+    # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
+    # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
+    # against 767.6 for 56 on the same machine)
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
