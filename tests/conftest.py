@@ -61,3 +61,26 @@ def nrmse(out: torch.Tensor, ref: torch.Tensor) -> float:
     den = ref.norm().item()
     num = (out - ref).norm().item()
     return num / den if den > 0 else num
+
+
+def run_cute_moe(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize="deterministic", offset=0,
+                 num_global=None, seed=1, ids=None, tol=0.02, check_path=None):
+    """One ``fused_moe(..., backend="cute")`` call on fresh random inputs (``t`` tokens, top-``k`` over
+    ``num_global`` experts, default ``w.num_experts + offset``) into an output poisoned with NaN, checked
+    against ``reference_moe``: no NaN left and NRMSE < ``tol``. ``check_path(x, tw, ids)`` asserts which
+    kernels the call takes before it runs. Returns ``(x, tw, ids, out)``."""
+    import w4a16_moe as wm
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.randn(t, w.hidden_size, generator=g).to(dtype).cuda()
+    tw, rid = random_routing(t, k, num_global or w.num_experts + offset, seed=seed, device="cuda")
+    ids = rid if ids is None else ids
+    if check_path is not None:
+        check_path(x, tw, ids)
+    out = torch.full_like(x, float("nan"))
+    wm.fused_moe(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset, backend="cute",
+                 out=out)
+    ref = wm.reference_moe(x, w, tw, ids, activation=activation, expert_offset=offset)
+    assert not torch.isnan(out).any()
+    assert nrmse(out, ref) < tol, nrmse(out, ref)
+    return x, tw, ids, out

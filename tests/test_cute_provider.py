@@ -15,7 +15,7 @@ from w4a16_moe.kernels.cute import sm90_family as fam
 from w4a16_moe.providers import select_provider
 from w4a16_moe.validate import check_masked_call, check_moe_call
 
-from conftest import HAS_CUDA, nrmse, random_routing
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe
 
 SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")]
@@ -34,28 +34,15 @@ def _grouped_gemms(monkeypatch):
 
 
 def _weights(scheme, e=8, h=512, i=256, activation="swiglu", dtype=torch.bfloat16, seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    n13 = 2 * i if wm.get_activation(activation).gated else i
-    w13 = torch.randn(e, n13, h, generator=g) / h**0.5
-    w2 = torch.randn(e, h, i, generator=g) / i**0.5
-    return wm.quantize_experts(w13.to(dtype), w2.to(dtype), scheme, activation=activation).to("cuda")
+    return random_weights(scheme, e, h, i, activation=activation, dtype=dtype, device="cuda", seed=seed)
 
 
-def _run(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize="deterministic", offset=0,
-         num_global=None, seed=1, ids=None):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(t, w.hidden_size, generator=g).to(dtype).cuda()
-    tw, rid = random_routing(t, k, num_global or w.num_experts + offset, seed=seed, device="cuda")
-    ids = rid if ids is None else ids
-    out = torch.full_like(x, float("nan"))
-    assert select_provider(check_moe_call(x, w, tw, ids, activation=activation, expert_offset=offset),
-                           "cute").provider == "cute"
-    wm.fused_moe(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset,
-                 backend="cute", out=out)
-    ref = wm.reference_moe(x, w, tw, ids, activation=activation, expert_offset=offset)
-    assert not torch.isnan(out).any()
-    assert nrmse(out, ref) < TOL, nrmse(out, ref)
-    return x, tw, ids, out
+def _run(w, t, k, *, activation="swiglu", offset=0, **kw):
+    def cute_path(x, tw, ids):
+        call = check_moe_call(x, w, tw, ids, activation=activation, expert_offset=offset)
+        assert select_provider(call, "cute").provider == "cute"
+
+    return run_cute_moe(w, t, k, activation=activation, offset=offset, tol=TOL, check_path=cute_path, **kw)
 
 
 @pytest.mark.parametrize("scheme", INT4 + FP4)
