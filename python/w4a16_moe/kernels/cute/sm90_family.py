@@ -178,6 +178,11 @@ EXTRA_TILES = (
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)
+    # (also measured and removed, run 10: gate/up CTAs of four consumer warpgroups with 64 weight rows each,
+    # 16 consumer warps per SM instead of 8, 58-93 registers, with 56's and 58's down tiles: W1 2048 749.4 us
+    # at TN 56 / BK 128 / 5 stages, 774.5-804.5 with BK 64, against 741.4 for 56 on that machine; 1024 604.1
+    # against 570.9 for 58. More warps to hide the decode's latency did not help: the consumers are bound by
+    # throughput, not latency)
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
