@@ -54,6 +54,25 @@ TILES = (
     (None, dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2)),
 )
 
+
+def _up2(tn: int, stages: int = 3) -> dict:
+    """A gate/up tile of 256 weight rows over two consumer warpgroups, BK 128 (candidates 17, 18)."""
+    return dict(tokens_per_tile=tn, m64_per_block=4, k_tile=128, stages=stages, consumer_wgs=2)
+
+
+_UP_T32 = dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")
+
+
+def _pp_down(row_blocks: int, stages: int = 8, b_slots: int = 0, pingpong: int = 1) -> dict:
+    """The ``down_*`` keys of a ping-pong down GEMM: 128-row blocks (two m64) over two consumer warpgroups,
+    BK 64, ``row_blocks`` of them per CTA."""
+    d = dict(down_m64_per_block=2, down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64,
+             down_stages=stages, down_row_blocks_per_cta=row_blocks, down_pingpong=pingpong)
+    if b_slots:
+        d["down_b_slots"] = b_slots
+    return d
+
+
 # Extra tile shapes the tuner measures beside the rule's buckets (deep weight pipelines for decode-sized
 # batches: more bytes in flight per CTA). ``CANDIDATES`` = the rule's buckets, then these; tuned-table rows
 # and ``FORCE["bucket"]`` index into it. (A TN=16 variant with 256-row down CTAs at 2 CTAs/SM was
@@ -124,57 +143,34 @@ EXTRA_TILES = (
     # (measured: W1 2048 797.6 us with 34, but its down kernel spills) ping-pong down CTAs: the two consumer
     # warpgroups take alternate 128-row blocks, so one's epilogue runs under the other's mainloop; gate/up
     # tiles of candidates 17, 38 and 18
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14, down_pingpong=1),
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=28, down_pingpong=1),
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=8, down_pingpong=1),
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=56, down_pingpong=1),
-    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
-         down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14,
-         down_pingpong=1),
-    dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14, down_pingpong=1),
-    dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=7, down_pingpong=1),
+    {**_up2(64), **_pp_down(14)},
+    {**_up2(64), **_pp_down(28)},
+    {**_up2(64), **_pp_down(8)},
+    {**_up2(64), **_pp_down(56)},
+    {**_UP_T32, **_pp_down(14)},
+    {**_up2(48), **_pp_down(14)},
+    {**_up2(64), **_pp_down(7)},
     # 56-token tiles: W1 2048 has ~43 routes per expert (binomial, sd ~6.5), so TN 56 still gives ~98% of
     # the experts one tile, with an eighth less padding than TN 64
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=14, down_pingpong=1),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=28, down_pingpong=1),
+    {**_up2(56), **_pp_down(14)},
+    {**_up2(56), **_pp_down(28)},
     # (measured: W1 2048 779.4 us with 47; ncu: gate/up 337 us at 53% of DRAM throughput, down 313 us at 41%)
     # more weight bytes in flight per SM: deeper gate/up rings, and down rings of 12-20 weight stages with
     # only 4 activation-tile slots (the resident tile needs K / BK = 4 of them)
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=4, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=6, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=12, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=20, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=1),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=14, down_pingpong=1),
-    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
-         down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=16, down_b_slots=4,
-         down_row_blocks_per_cta=28, down_pingpong=1),
+    {**_up2(56, stages=4), **_pp_down(28, stages=16, b_slots=4)},
+    {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4)},
+    {**_up2(56, stages=6), **_pp_down(28, stages=16, b_slots=4)},
+    {**_up2(56, stages=5), **_pp_down(28, stages=12, b_slots=4)},
+    {**_up2(56, stages=5), **_pp_down(28, stages=20, b_slots=4)},
+    {**_up2(56, stages=5), **_pp_down(14, stages=16, b_slots=4)},
+    {**_UP_T32, **_pp_down(28, stages=16, b_slots=4)},
     # (measured: no gain from the deeper rings, 774-780 us; ncu source counters: both GEMMs are bound by their
     # consumers' decode + WGMMA issue, and the ping-pong warpgroups wait for their turn 13% of the time) the
     # two warpgroups' mainloops overlap as well (pingpong=2: safe with stages > K tiles)
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=8, down_row_blocks_per_cta=28, down_pingpong=2),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=16, down_b_slots=4, down_row_blocks_per_cta=28, down_pingpong=2),
-    dict(tokens_per_tile=56, m64_per_block=4, k_tile=128, stages=5, consumer_wgs=2, down_m64_per_block=2,
-         down_k_tile=64, down_stages=12, down_b_slots=4, down_row_blocks_per_cta=14, down_pingpong=2),
-    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
-         down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=16, down_b_slots=4,
-         down_row_blocks_per_cta=28, down_pingpong=2),
+    {**_up2(56), **_pp_down(28, pingpong=2)},
+    {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2)},
+    {**_up2(56, stages=5), **_pp_down(14, stages=12, b_slots=4, pingpong=2)},
+    {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2)},
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)
