@@ -194,6 +194,57 @@ def test_row_block_candidates_long_k(bucket, splits):
         fam.FORCE.clear()
 
 
+# tn_variants candidates: one expert per route count on each side of every compiled width (TN, TN - 8, ...;
+# 0 = an empty expert, 121 = several tiles), top-1 so each count is exact; the second call must repeat the
+# first bit for bit (deterministic)
+WIDTH_COUNTS = (0, 1, 7, 8, 9, 23, 24, 25, 31, 32, 33, 39, 40, 41, 47, 48, 49, 55, 56, 57, 63, 64, 65, 121)
+
+
+@pytest.mark.parametrize("bucket", [b for b, t in enumerate(fam.CANDIDATES) if t.get("tn_variants", 1) > 1])
+@pytest.mark.parametrize("i", [256, 1024])
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_tile_width_variants(bucket, i, finalize):
+    w = _weights("int4_g32", e=len(WIDTH_COUNTS), h=1024, i=i, seed=60 + bucket)
+    g = torch.Generator(device="cpu").manual_seed(bucket)
+    experts = torch.repeat_interleave(torch.arange(len(WIDTH_COUNTS)), torch.tensor(WIDTH_COUNTS))
+    ids = experts[torch.randperm(len(experts), generator=g)].view(-1, 1).to(torch.int32).cuda()
+    fam.FORCE.update(bucket=bucket, splits=1)
+    try:
+        x, tw, ids, out = _run(w, ids.shape[0], 1, ids=ids, finalize=finalize, seed=bucket)
+        if finalize == "deterministic":
+            assert torch.equal(wm.fused_moe(x, w, tw, ids, backend="cute"), out)
+    finally:
+        fam.FORCE.clear()
+
+
+# programmatic dependent launch (the down GEMM may start while the gate/up grid finishes): eager and inside a
+# CUDA graph (captured once, replayed on fresh inputs), both finalize modes, against the reference and eager runs
+@pytest.mark.parametrize("bucket", [b for b, t in enumerate(fam.CANDIDATES) if t.get("pdl")])
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_pdl_candidates_in_cuda_graph(bucket, finalize):
+    w = _weights("int4_g32", h=1024, i=512, seed=70 + bucket)
+    t, k = 300, 8
+    fam.FORCE.update(bucket=bucket, splits=1)
+    try:
+        x, tw, ids, out = _run(w, t, k, finalize=finalize, seed=bucket)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            wm.fused_moe(x, w, tw, ids, backend="cute", finalize=finalize, out=out)
+        for seed in (10, 11):
+            x.copy_(torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16))
+            tw2, ids2 = random_routing(t, k, 8, seed=seed, device="cuda")
+            tw.copy_(tw2)
+            ids.copy_(ids2)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
+            if finalize == "deterministic":
+                assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
+    finally:
+        fam.FORCE.clear()
+
+
 def test_batch_invariant_mode(monkeypatch):
     """W4A16_MOE_BATCH_INVARIANT=1: a token's output does not depend on the rest of the batch."""
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")

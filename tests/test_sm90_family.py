@@ -99,3 +99,63 @@ def test_b_slots_plan():
         with pytest.raises(ValueError, match="b_slots needs row_blocks_per_cta >= 2 and 1 <= b_slots <= stages"):
             Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
     four.compile("sm_90a")
+
+
+VARIANT_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("tn_variants", 1) > 1]
+
+
+def test_tn_variant_candidates_apply_to_both_gemms():
+    assert VARIANT_CANDIDATES, "no candidate compiles several token-tile widths"
+    for b in VARIANT_CANDIDATES:
+        tiles = fam.CANDIDATES[b]
+        up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic", tiles)
+        v = tiles["tn_variants"]
+        assert up.tn_variants == down.tn_variants == v
+        assert f"_v{v}" in up.name() and f"_v{v}" in down.name()
+        # the routing's token tile (block_start) stays TN: the widest variant
+        assert up.tokens_per_tile == down.tokens_per_tile == tiles["tokens_per_tile"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_tn_variants_plan_validation_and_sass(tmp_path):
+    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from w4a16_moe.loader import build, sass
+
+    base = dict(mode="gate_up", m64_per_block=4, tokens_per_tile=56, k_tile=128, stages=5, consumer_wgs=2)
+    k = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, tn_variants=3))
+    one = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base))
+    assert k.tns == (56, 48, 40) and one.tns == (56,)
+    # the shared-memory plan is the widest variant's
+    assert (k.b_stage, k.epi_bytes, k.smem_bytes) == (one.b_stage, one.epi_bytes, one.smem_bytes)
+    for bad in (dict(base, tn_variants=0), dict(base, tn_variants=5), dict(base, tokens_per_tile=16, tn_variants=3)):
+        with pytest.raises(ValueError, match=r"tn_variants must be in \[1, 4\]"):
+            Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
+    # one kernel holds a WGMMA of each width, and no local memory
+    build.preload_dsl_runtime()
+    k.compile("sm_90a").export_to_c(str(tmp_path), "k", function_prefix="k")
+    (cubin,) = sass.extract_cubins((tmp_path / "k.o").read_bytes())
+    text = sass.disassemble(cubin.data)
+    for tn in (56, 48, 40):
+        assert f"HGMMA.64x{tn}x16" in text, tn
+    ops = sass.opcode_counts(text)
+    assert not ops["LDL"] and not ops["STL"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_mma_kblocks_names_validation_and_compile():
+    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+
+    base = dict(mode="down", m64_per_block=2, tokens_per_tile=56, k_tile=64, stages=16, consumer_wgs=2,
+                row_blocks_per_cta=28, pingpong=2, b_slots=4)
+    four = Sm90GemmConfig(**base, mma_kblocks=4)
+    assert four.name().endswith("_pp2_b4_f4") and "_f" not in Sm90GemmConfig(**base).name()
+    for bad in (dict(base, mma_kblocks=3), dict(base, mma_kblocks=8), dict(base, mma_kblocks=0),
+                dict(base, mma_kblocks=2, schedule="serial")):
+        with pytest.raises(ValueError, match="mma_kblocks must divide k_tile / 16"):
+            Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
+    Sm90W4A16GroupedGemm(four).compile("sm_90a")
+    # the candidates that set it apply it to both GEMMs
+    for b, tiles in enumerate(fam.CANDIDATES):
+        if tiles.get("mma_kblocks", 1) > 1:
+            up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic", tiles)
+            assert up.mma_kblocks == down.mma_kblocks == tiles["mma_kblocks"], b

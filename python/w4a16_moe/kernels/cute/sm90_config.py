@@ -49,6 +49,15 @@ class Sm90GemmConfig:
     # turns; 2 they take turns only where a deep enough ring does not make it necessary (stages > K tiles)
     pingpong: int = 0
     b_slots: int = 0  # RB > 1: activation-tile slots (0 = stages); fewer than stages frees shared memory
+    # token-tile widths compiled into one kernel: TN, TN - 8, ..., TN - 8 * (tn_variants - 1); each tile runs
+    # the narrowest WGMMA N that holds its routes (fewer padded MMA columns when experts get < TN routes)
+    tn_variants: int = 1
+    # programmatic dependent launch: gate_up CTAs let the next kernel launch at once; the down kernel is
+    # launched with the PDL attribute and streams its first weight stages before griddepcontrol.wait
+    pdl: bool = False
+    # k16 blocks per WGMMA group in the overlap schedule: decode that many blocks, one wgmma.fence, their
+    # WGMMAs, one commit (fewer warpgroup-wide fences per K tile); must divide k_tile / 16
+    mma_kblocks: int = 1
     setmaxnreg: bool = False  # rebalance registers (consumer_wgs == 2 only; see check_setmaxnreg)
     producer_regs: int = 56
     consumer_regs: int = 224
@@ -72,6 +81,9 @@ class Sm90GemmConfig:
         sch += f"_r{self.row_blocks_per_cta}" if self.row_blocks_per_cta > 1 else ""
         sch += {0: "", 1: "_pp"}.get(self.pingpong, f"_pp{self.pingpong}")
         sch += f"_b{self.b_slots}" if self.b_slots else ""
+        sch += f"_v{self.tn_variants}" if self.tn_variants > 1 else ""
+        sch += "_pdl" if self.pdl else ""
+        sch += f"_f{self.mma_kblocks}" if self.mma_kblocks > 1 else ""
         return (
             f"sm90_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_w{self.consumer_wgs}_{self.epi}{act}{sch}"

@@ -171,6 +171,26 @@ EXTRA_TILES = (
     {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2)},
     {**_up2(56, stages=5), **_pp_down(14, stages=12, b_slots=4, pingpong=2)},
     {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2)},
+    # several token-tile widths in one kernel (tn_variants, both GEMMs): a tile runs the narrowest WGMMA N
+    # that holds its routes, TN, TN - 8, ...; at W1 2048 (~43 +- 6.5 routes per expert) TN 56 pads ~24% of
+    # the MMA columns, the narrowest fitting width of 56/48/40/32 about 9%. (Measured, docs/perf/2026-11-30-variants:
+    # W1 2048 764.0 -> 750.9 us with 4 widths, 753.7 with 3, 748.7 for TN 64 with 4; W1 1024 587.6 -> 571.7 for 58
+    # with 3 widths)
+    {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4},
+    {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 3},
+    # programmatic dependent launch between the two GEMMs: the down kernel's CTAs take the SMs the gate/up
+    # grid's tail frees and stream their first weight stages before waiting for h (measured: 0-3 us)
+    {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True},
+    {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 3, "pdl": True},
+    # four k16 blocks per WGMMA fence / commit group in both GEMMs (the down GEMM's BK 64 tile is then one
+    # group): measured 741.8 -> 727.9 us at W1 2048; two blocks per group 734.3 (down) and 742.6 (both), the
+    # whole gate/up tile per group 762.2; the 1024 row's serial gate/up and its down were indifferent
+    {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
+     "mma_kblocks": 4},
+    {**_up2(56, stages=4), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
+     "mma_kblocks": 4},
+    {**_up2(64, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
+     "mma_kblocks": 4},
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)

@@ -18,10 +18,12 @@ CTA = ``128 * (1 + consumer_wgs)`` threads:
   ``fence.proxy.async`` (cp.async writes are generic-proxy, WGMMA reads async-proxy) -> one 16-byte
   ``ld.shared`` of codes per (m64 block, k64) and one 4/8/16-byte load of scales -> per k16 block:
   LOP3 magic-exponent decode, packed add of ``-(magic + 8)`` (or of the stored ``-(magic + zero)``),
-  packed scale multiply -> ``wgmma.mma_async`` RS, one commit group per k16 block.
-  ``schedule="overlap"``: the fragment slot of k16 block ``b`` is rewritten only after
-  ``wait_group(KB - 1)`` retired the previous tile's block ``b``, so decoding overlaps the WGMMAs
-  in flight (up to 7 groups); a stage is released once all its WGMMAs retired. ``schedule="serial"``: decode the
+  packed scale multiply -> ``wgmma.mma_async`` RS, one commit group per ``mma_kblocks`` k16 blocks
+  (default 1). ``schedule="overlap"``: the fragment slots of group ``q`` are rewritten only after
+  ``wait_group(NG - 1)`` (``NG = KB / mma_kblocks`` groups per tile) retired the previous tile's group ``q``,
+  so decoding overlaps the WGMMAs in flight (up to 7 groups); a stage is released once all its WGMMAs
+  retired. Each group costs one warpgroup-wide ``wgmma.fence``: on the H200 four k16 blocks per group beat one
+  (W1 2048: ~18 us less per call), the whole tile (no overlap inside the warpgroup) lost. ``schedule="serial"``: decode the
   whole tile, issue its WGMMAs, ``wait_group(0)``, release (simple reference schedule).
 * epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
   B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
@@ -70,6 +72,16 @@ the other's mainloop instead of idling the tensor cores; each stage is then cons
 ``pingpong=2`` lets the two mainloops also overlap each other where the ring is deep enough for that to be
 safe (``S > nk``; a warpgroup then never waits on a stage more than one phase ahead), and takes turns
 otherwise.
+``tn_variants`` compiles the consumers' mainloop and epilogue staging for WGMMA N = ``TN, TN - 8, ...``
+(up to 4 widths) into one kernel; each CTA runs the narrowest width that holds its tile's routes (the
+producer gathers only those rows). The routing's token tile, the shared-memory plan and the staging tile
+stay those of ``TN``. Where experts get fewer routes than ``TN`` (W1 2048: ~43 per expert against TN 56) the
+tensor cores skip most of the padding columns; registers stay those of the widest variant.
+``pdl`` (programmatic dependent launch): the gate/up kernel executes ``griddepcontrol.launch_dependents`` at
+once, and the down kernel, launched with the PDL attribute, may start on SMs the gate/up grid's tail frees:
+its producer issues the first weight stages (which do not depend on h), then every thread executes
+``griddepcontrol.wait`` before reading h or writing anything. What it reads before that wait (the routing
+tables) was complete before the gate/up grid started, which was launched without PDL.
 Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
 """
 
@@ -118,6 +130,8 @@ class Sm90W4A16GroupedGemm:
             raise ValueError("k_tile must be 64 or 128")
         if c.tokens_per_tile % 8 or not 8 <= c.tokens_per_tile <= 256:
             raise ValueError("tokens_per_tile must be a multiple of 8 in [8, 256]")
+        if not 1 <= c.tn_variants <= 4 or c.tokens_per_tile - 8 * (c.tn_variants - 1) < 8:
+            raise ValueError("tn_variants must be in [1, 4] with tokens_per_tile - 8 * (tn_variants - 1) >= 8")
         if c.consumer_wgs not in (1, 2) or c.m64_per_block % c.consumer_wgs:
             raise ValueError("consumer_wgs must be 1 or 2 and divide m64_per_block")
         if c.gated and c.m64_per_block % 2:
@@ -130,6 +144,8 @@ class Sm90W4A16GroupedGemm:
             raise ValueError("pingpong needs consumer_wgs == 2 and row_blocks_per_cta >= 2")
         if c.schedule not in ("overlap", "serial"):
             raise ValueError(f"schedule {c.schedule!r}")
+        if c.mma_kblocks < 1 or (c.k_tile // 16) % c.mma_kblocks or (c.mma_kblocks > 1 and c.schedule != "overlap"):
+            raise ValueError("mma_kblocks must divide k_tile / 16 (and be 1 with the serial schedule)")
         epi = c.epi
         if c.mode == "gate_up" and epi != "h":
             raise ValueError(f"gate_up epilogue {epi!r}")
@@ -155,6 +171,9 @@ class Sm90W4A16GroupedGemm:
         # m64 blocks per consumer warpgroup (ping-pong: the whole row block) and the first one's index
         self.XW = self.X if self.PP else self.X // self.ncwg
         self.TN = c.tokens_per_tile
+        # WGMMA N of each compiled variant, widest first (a tile runs the narrowest that holds its routes)
+        self.tns = tuple(self.TN - 8 * v for v in range(c.tn_variants))
+        self.pdl_wait = c.pdl and c.mode == "down"
         self.RB = c.row_blocks_per_cta
         if self.RB < 1:
             raise ValueError("row_blocks_per_cta must be >= 1")
@@ -232,16 +251,6 @@ class Sm90W4A16GroupedGemm:
         num_splits: Int32,
         stream: cuda.CUstream,
     ):
-        tiled_mma = sm90_utils.make_trivial_tiled_mma(
-            self.ab_dtype,
-            self.ab_dtype,
-            cute.nvgpu.OperandMajorMode.K,
-            cute.nvgpu.OperandMajorMode.K,
-            Float32,
-            (1, 1, 1),
-            (64, self.TN),
-            warpgroup.OperandSource.RMEM,
-        )
         atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_SW128, self.ab_dtype)
         b_layout = cute.tile_to_shape(atom, (self.TN, self.BK, self.BS), order=(0, 1, 2))
 
@@ -271,11 +280,12 @@ class Sm90W4A16GroupedGemm:
         nb_count = n // (64 * self.X)
         self.kernel(
             w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
-            num_experts, n, k, num_routes, top_k, num_splits, tiled_mma, b_layout,
+            num_experts, n, k, num_routes, top_k, num_splits, b_layout,
         ).launch(
             grid=[(nb_count + self.RB - 1) // self.RB, max_tiles, num_splits],
             block=[self.threads, 1, 1],
             stream=stream,
+            use_pdl=self.cfg.pdl and self.cfg.mode == "down",
             **self._occupancy_kwargs(),
         )
 
@@ -304,7 +314,6 @@ class Sm90W4A16GroupedGemm:
         num_routes: Int32,
         top_k: Int32,
         num_splits: Int32,
-        tiled_mma: cute.TiledMma,
         b_layout: cute.ComposedLayout,
     ):
         TN, BK, S = self.TN, self.BK, self.S
@@ -313,6 +322,10 @@ class Sm90W4A16GroupedGemm:
         nb0 = nbx * self.RB  # this CTA's row blocks: nb0 .. nb0 + nrb - 1
         nrb = cutlass.min(n // (64 * self.X) - nb0, self.RB)
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        if const_expr(self.cfg.pdl and self.cfg.mode == "gate_up"):
+            # every CTA of this grid has started: the down kernel (launched with PDL) may take SMs as they
+            # free up, and stream its weights while this grid's last CTAs finish
+            cute.arch.griddepcontrol_launch_dependents()
 
         g_bs = cute.make_tensor(block_start, cute.make_layout(num_experts + 1))
         g_rs = cute.make_tensor(route_start, cute.make_layout(num_experts + 1))
@@ -358,49 +371,83 @@ class Sm90W4A16GroupedGemm:
             else:
                 if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
+                if const_expr(self.pdl_wait):
+                    # (the consumers read h only through the producer's tiles; waiting here as well orders
+                    # their epilogue stores after the previous grid, whatever it wrote)
+                    cute.arch.griddepcontrol_wait()
                 ct = tidx % 128  # thread index inside its consumer warpgroup
                 cw = wg - 1
                 slot0 = g_rs[e] + (tile - g_bs[e]) * TN
                 count = cutlass.min(g_rs[e + 1] - slot0, TN)
-                if const_expr(self.RB == 1):
-                    acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk,
-                                         Int32(S))
-                    self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
-                                   nb0, tile, split, n, num_routes, top_k, num_splits, slot0, count)
+                args = (ct, cw, b_layout, sB_ptr, sW_addr, full0, empty0, nk, stg_addr, misc_addr, out, g_routes,
+                        topk_weights, ws, counters, nb0, nrb, tile, split, n, num_routes, top_k, num_splits, slot0,
+                        count)
+                # the narrowest compiled token-tile width that holds this tile's routes (the producer picks
+                # the same, see _tile_width)
+                NV = len(self.tns)
+                if const_expr(NV == 1):
+                    self._consume(self.TN, *args)
                 else:
-                    bmod = self._b_slots(nk)
-                    if const_expr(self.PP):
-                        # row blocks cw, cw + 2, ...; the mainloops alternate (named barrier 3 + w: "warpgroup
-                        # w may start its next mainloop"), so one warpgroup's epilogue runs under the other's
-                        # mainloop, and a warpgroup never waits on a stage more than one phase ahead
-                        stg = stg_addr + cw * self.epi_bytes
-                        order = Int32(1)
-                        if const_expr(self.cfg.pingpong == 2):
-                            # unordered is safe when S >= nk + 1: a warpgroup's previous stage (ring sequence
-                            # g - nk - 1 at most) was filled, so the stage it waits on is at most one phase
-                            # behind and its parity wait cannot pass early
-                            if nk < S:
-                                order = Int32(0)
-                        for j in cutlass.range(cw, nrb, 2, unroll=1):
-                            if order != 0:
-                                if j > 0:
-                                    cute.arch.barrier(barrier_id=3 + cw, number_of_threads=256)
-                            acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
-                                                 j * nk, nk, bmod)
-                            if order != 0:
-                                if j + 1 < nrb:
-                                    cute.arch.barrier_arrive(barrier_id=4 - cw, number_of_threads=256)
-                            self._epilogue(ct, cw, acc, stg, misc_addr, out, g_routes, topk_weights, ws,
-                                           counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
-                                           slot0, count)
-                    else:
-                        # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
-                        for j in cutlass.range(nrb, unroll=1):
-                            acc = self._mainloop(ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
-                                                 j * nk, nk, bmod)
-                            self._epilogue(ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
-                                           counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
-                                           slot0, count)
+                    for v in cutlass.range_constexpr(NV):
+                        if const_expr(v == 0):
+                            if count > self.tns[1]:
+                                self._consume(self.tns[0], *args)
+                        elif const_expr(v == NV - 1):
+                            if count <= self.tns[v]:
+                                self._consume(self.tns[v], *args)
+                        else:
+                            if count <= self.tns[v]:
+                                if count > self.tns[v + 1]:
+                                    self._consume(self.tns[v], *args)
+
+    @cute.jit
+    def _consume(self, tn: cutlass.Constexpr, ct, cw, b_layout, sB_ptr, sW_addr, full0, empty0, nk, stg_addr,
+                 misc_addr, out, g_routes, topk_weights, ws, counters, nb0, nrb, tile, split, n, num_routes, top_k,
+                 num_splits, slot0, count):
+        """A consumer warpgroup's whole share of the CTA (every row block's mainloop and epilogue) with WGMMA
+        N = ``tn`` (>= ``count``)."""
+        S = self.S
+        tiled_mma = self._tiled_mma(tn)
+        b_layout = self._b_layout_n(b_layout, tn)
+        if const_expr(self.RB == 1):
+            acc = self._mainloop(ct, cw, tn, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk,
+                                 Int32(S))
+            self._epilogue(ct, cw, tn, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
+                           nb0, tile, split, n, num_routes, top_k, num_splits, slot0, count)
+        else:
+            bmod = self._b_slots(nk)
+            if const_expr(self.PP):
+                # row blocks cw, cw + 2, ...; the mainloops alternate (named barrier 3 + w: "warpgroup
+                # w may start its next mainloop"), so one warpgroup's epilogue runs under the other's
+                # mainloop, and a warpgroup never waits on a stage more than one phase ahead
+                stg = stg_addr + cw * self.epi_bytes
+                order = Int32(1)
+                if const_expr(self.cfg.pingpong == 2):
+                    # unordered is safe when S >= nk + 1: a warpgroup's previous stage (ring sequence
+                    # g - nk - 1 at most) was filled, so the stage it waits on is at most one phase
+                    # behind and its parity wait cannot pass early
+                    if nk < S:
+                        order = Int32(0)
+                for j in cutlass.range(cw, nrb, 2, unroll=1):
+                    if order != 0:
+                        if j > 0:
+                            cute.arch.barrier(barrier_id=3 + cw, number_of_threads=256)
+                    acc = self._mainloop(ct, cw, tn, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
+                                         j * nk, nk, bmod)
+                    if order != 0:
+                        if j + 1 < nrb:
+                            cute.arch.barrier_arrive(barrier_id=4 - cw, number_of_threads=256)
+                    self._epilogue(ct, cw, tn, acc, stg, misc_addr, out, g_routes, topk_weights, ws,
+                                   counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
+                                   slot0, count)
+            else:
+                # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
+                for j in cutlass.range(nrb, unroll=1):
+                    acc = self._mainloop(ct, cw, tn, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0,
+                                         j * nk, nk, bmod)
+                    self._epilogue(ct, cw, tn, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
+                                   counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
+                                   slot0, count)
 
     @cute.jit
     def _b_slots(self, nk):
@@ -411,6 +458,37 @@ class Sm90W4A16GroupedGemm:
         if nk <= self.BS:
             bmod = nk
         return bmod
+
+    def _tiled_mma(self, tn: int):
+        """The consumer warpgroup's WGMMA: ``64 x tn x 16``, A (weights) from registers, B from shared memory."""
+        return sm90_utils.make_trivial_tiled_mma(
+            self.ab_dtype,
+            self.ab_dtype,
+            cute.nvgpu.OperandMajorMode.K,
+            cute.nvgpu.OperandMajorMode.K,
+            Float32,
+            (1, 1, 1),
+            (64, tn),
+            warpgroup.OperandSource.RMEM,
+        )
+
+    def _b_layout_n(self, b_layout, tn: int):
+        """The first ``tn`` token rows of the ``(TN, BK, slots)`` B ring layout: the same swizzle and strides
+        (8-row swizzle atoms 1024 bytes apart, K atoms ``TN * 128`` bytes apart), ``tn / 8`` atoms along N."""
+        if tn == self.TN:
+            return b_layout
+        o = b_layout.outer
+        shape = ((8, tn // 8), o.shape[1], o.shape[2])
+        return cute.make_composed_layout(b_layout.inner, b_layout.offset, cute.make_layout(shape, stride=o.stride))
+
+    @cute.jit
+    def _tile_width(self, count):
+        """The narrowest compiled WGMMA N (``self.tns``) that holds ``count`` routes."""
+        nsel = Int32(self.TN)
+        for v in cutlass.range_constexpr(1, len(self.tns)):
+            if count <= self.tns[v]:
+                nsel = Int32(self.tns[v])
+        return nsel
 
     # ------------------------------------------------------------------------------------------
     @cute.jit
@@ -428,6 +506,10 @@ class Sm90W4A16GroupedGemm:
         if pt == 0:
             for g in cutlass.range(cutlass.min(n_seq, S), unroll=1):
                 self._issue_w(g, self._chunk_addr(w_base, g, nk, kt_total), full0, sW_addr)
+        if const_expr(self.pdl_wait):
+            # launched with PDL: the previous grid (the gate/up GEMM writing h) may still run; the routing
+            # tables read so far were complete before it started
+            cute.arch.griddepcontrol_wait()
         # this thread's activation rows (16-byte chunk c of rows r0, r0 + RSTEP, ...)
         CPR = BK // 8  # 16-byte chunks per activation row
         total = TN * CPR
@@ -441,6 +523,7 @@ class Sm90W4A16GroupedGemm:
         row_bytes = Int64(k) * 2
         slot0 = g_rs[e] + (tile - g_bs[e]) * TN
         count = cutlass.min(g_rs[e + 1] - slot0, TN)
+        nsel = self._tile_width(count)  # rows the consumers' WGMMA reads
         rows = cute.make_rmem_tensor((NIT,), Int32)
         for j in cutlass.range_constexpr(NIT):
             ii = cutlass.min(r0 + j * RSTEP, count - 1)  # rows past the tile's tokens repeat the last one
@@ -475,7 +558,11 @@ class Sm90W4A16GroupedGemm:
                 for j in cutlass.range_constexpr(NIT):
                     src = kofs + Int64(rows[j]) * row_bytes
                     dst = dst_stage + ((r0 + j * RSTEP) // 8) * 1024
-                    if const_expr(total % 128 == 0):
+                    if const_expr(len(self.tns) > 1):
+                        # only the rows the selected WGMMA width reads (nsel <= TN also bounds the last item)
+                        if r0 + j * RSTEP < nsel:
+                            ptx.cp_async_16(dst, src)
+                    elif const_expr(total % 128 == 0):
                         ptx.cp_async_16(dst, src)
                     else:
                         if pt + 128 * j < total:
@@ -587,13 +674,14 @@ class Sm90W4A16GroupedGemm:
         return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     @cute.jit
-    def _mainloop(self, ct, cw, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk, bmod):
+    def _mainloop(self, ct, cw, tn: cutlass.Constexpr, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk,
+                  bmod):
         """The accumulators of ring sequence numbers ``g0 .. g0 + nk - 1`` (one row block's K tiles); ring
         sequence ``g`` reads B slot ``g % bmod`` (see ``_b_slots``)."""
-        TN, BK, S, XW, KB = self.TN, self.BK, self.S, self.XW, self.KB
+        BK, S, XW, KB = self.BK, self.S, self.XW, self.KB
         sB = cute.make_tensor(cute.recast_ptr(sB_ptr, b_layout.inner, dtype=self.ab_dtype), b_layout.outer)
         thr_mma = tiled_mma.get_slice(ct)
-        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64 * XW, TN)), Float32)
+        acc = cute.make_rmem_tensor(thr_mma.partition_shape_C((64 * XW, tn)), Float32)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_shape_A((64 * XW, BK)))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         frag = cute.recast_tensor(tCrA, Int32)
@@ -622,18 +710,23 @@ class Sm90W4A16GroupedGemm:
                 ptx.fence_proxy_async_smem()
                 tw_ = self._load_tile_words(ct, cw, stage, sW_addr)
                 bslot = self._bslot(g, bmod)
-                for kb in cutlass.range_constexpr(KB):
-                    # slot kb was last read by block kb of the previous tile: KB - 1 groups were committed
-                    # after it, so wait_group(KB - 1) retires it (no-op during the first tile); the
+                # groups of MK k16 blocks: decode MK blocks, one fence, their WGMMAs, one commit
+                MK = self.cfg.mma_kblocks
+                NG = KB // MK
+                for q in cutlass.range_constexpr(NG):
+                    # group q's slots were last read by group q of the previous tile: NG - 1 groups were
+                    # committed after it, so wait_group(NG - 1) retires it (no-op during the first tile); the
                     # hardware counts at most 7 pending groups, a smaller bound only waits longer
-                    warpgroup.wait_group(min(KB - 1, 7))
-                    if const_expr(kb == KB - 1):
+                    warpgroup.wait_group(min(NG - 1, 7))
+                    if const_expr(q == NG - 1):
                         # every WGMMA of the previous tile has retired now: release its stage
                         if it > 0:
                             cute.arch.mbarrier_arrive(empty0 + (g + S - 1) % S)
-                    self._decode_block(tw_, kb, frag)
+                    for kb in cutlass.range_constexpr(q * MK, (q + 1) * MK):
+                        self._decode_block(tw_, kb, frag)
                     warpgroup.fence()
-                    cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, bslot], acc)
+                    for kb in cutlass.range_constexpr(q * MK, (q + 1) * MK):
+                        cute.gemm(tiled_mma, acc, tCrA[None, None, kb], tCrB[None, None, kb, bslot], acc)
                     warpgroup.commit_group()
             warpgroup.wait_group(0)
             if nk > 0:
@@ -661,14 +754,15 @@ class Sm90W4A16GroupedGemm:
         else:  # silu
             return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
 
-    def _acc_crd(self, v, rh, j, x):
-        """Coordinate of accumulator element (col pair v, row half rh, n8 block j, m64 block x)."""
-        if self.TN == 8:
+    def _acc_crd(self, v, rh, j, x, tn):
+        """Coordinate of accumulator element (col pair v, row half rh, n8 block j, m64 block x) of a WGMMA
+        N = ``tn`` accumulator."""
+        if tn == 8:
             return ((v, rh), x, 0)
         return ((v, rh, j), x, 0)
 
     @cute.jit
-    def _epilogue(self, ct, cw, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
+    def _epilogue(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
                   nb, tile, split, n, num_routes, top_k, num_splits, slot0, count):
         cfg = self.cfg
         TN, XW, X = self.TN, self.XW, self.X
@@ -688,10 +782,10 @@ class Sm90W4A16GroupedGemm:
         for xl in cutlass.range_constexpr(XW):
             for rh in cutlass.range_constexpr(2):
                 col = (xoff + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
-                for j in cutlass.range_constexpr(TN // 8):
+                for j in cutlass.range_constexpr(tn // 8):
                     for v in cutlass.range_constexpr(2):
                         tok = 8 * j + 2 * (l_ % 4) + v
-                        ptx.st_shared_f32(stg_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl)])
+                        ptx.st_shared_f32(stg_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl, tn)])
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
 
         # (B) split-K: publish this split's partial tile, the last split to arrive finishes
