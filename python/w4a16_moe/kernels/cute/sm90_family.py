@@ -60,6 +60,11 @@ def _up2(tn: int, stages: int = 3) -> dict:
     return dict(tokens_per_tile=tn, m64_per_block=4, k_tile=128, stages=stages, consumer_wgs=2)
 
 
+def _W2_K64(tn: int) -> dict:
+    """256 weight rows over two consumer warpgroups at BK 64, 4 stages (candidates 14, 15, 18: the W2 rows)."""
+    return dict(tokens_per_tile=tn, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2)
+
+
 _UP_T32 = dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")
 
 
@@ -191,6 +196,15 @@ EXTRA_TILES = (
      "mma_kblocks": 4},
     {**_up2(64, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
      "mma_kblocks": 4},
+    # the W2 (E 32, I 2048) prefill tiles of the table with two / four k16 blocks per fence group, and with
+    # token-tile widths (W2 2048: ~64 +- 8 routes per expert against TN 80). Measured (run 9 of
+    # docs/perf/2026-11-30-fences, tuner us): 1024 390.4 (15) -> 374.3 (69); 2048 511.9 (18) -> 488.5 (68);
+    # 4096 991.8 (18) -> 959.0 (67). (Also measured and removed: 14 with two blocks per group at 8192, 1710.0
+    # against 1680.2 for 14)
+    {**_W2_K64(80), "mma_kblocks": 2, "pdl": True},
+    {**_W2_K64(80), "mma_kblocks": 4, "pdl": True},
+    {**_W2_K64(80), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    {**_W2_K64(48), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)
