@@ -169,14 +169,11 @@ def test_auto_prefers_cute_and_falls_back():
 @pytest.mark.parametrize("scheme", ["int4_g32", "nvfp4"])
 def test_candidate_tiles_and_split_k(bucket, splits, scheme):
     w = _weights(scheme, h=1024, i=256, seed=20 + bucket)
-    fam.FORCE.update(bucket=bucket, splits=splits)
-    try:
+    with fam.forced(bucket, splits):
         x, tw, ids, out = _run(w, 37, 8, seed=bucket)
         again = wm.fused_moe(x, w, tw, ids, backend="cute")
         assert torch.equal(again, out)  # split-K reduction order is fixed
         _run(w, 37, 8, seed=bucket, finalize="fused")
-    finally:
-        fam.FORCE.clear()
 
 
 # every candidate with several row blocks per down CTA, on a down GEMM whose K tiles outnumber the ring's
@@ -186,12 +183,9 @@ def test_candidate_tiles_and_split_k(bucket, splits, scheme):
 @pytest.mark.parametrize("splits", [1, 3])
 def test_row_block_candidates_long_k(bucket, splits):
     w = _weights("int4_g32", h=1024, i=1024, seed=40 + bucket)
-    fam.FORCE.update(bucket=bucket, splits=splits)
-    try:
+    with fam.forced(bucket, splits):
         x, tw, ids, out = _run(w, 29, 8, seed=bucket)
         assert torch.equal(wm.fused_moe(x, w, tw, ids, backend="cute"), out)
-    finally:
-        fam.FORCE.clear()
 
 
 # tn_variants candidates: one expert per route count on each side of every compiled width (TN, TN - 8, ...;
@@ -208,13 +202,10 @@ def test_tile_width_variants(bucket, i, finalize):
     g = torch.Generator(device="cpu").manual_seed(bucket)
     experts = torch.repeat_interleave(torch.arange(len(WIDTH_COUNTS)), torch.tensor(WIDTH_COUNTS))
     ids = experts[torch.randperm(len(experts), generator=g)].view(-1, 1).to(torch.int32).cuda()
-    fam.FORCE.update(bucket=bucket, splits=1)
-    try:
+    with fam.forced(bucket, 1):
         x, tw, ids, out = _run(w, ids.shape[0], 1, ids=ids, finalize=finalize, seed=bucket)
         if finalize == "deterministic":
             assert torch.equal(wm.fused_moe(x, w, tw, ids, backend="cute"), out)
-    finally:
-        fam.FORCE.clear()
 
 
 # programmatic dependent launch (the down GEMM may start while the gate/up grid finishes): eager and inside a
@@ -224,8 +215,7 @@ def test_tile_width_variants(bucket, i, finalize):
 def test_pdl_candidates_in_cuda_graph(bucket, finalize):
     w = _weights("int4_g32", h=1024, i=512, seed=70 + bucket)
     t, k = 300, 8
-    fam.FORCE.update(bucket=bucket, splits=1)
-    try:
+    with fam.forced(bucket, 1):
         x, tw, ids, out = _run(w, t, k, finalize=finalize, seed=bucket)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
@@ -241,8 +231,6 @@ def test_pdl_candidates_in_cuda_graph(bucket, finalize):
             assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
             if finalize == "deterministic":
                 assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
-    finally:
-        fam.FORCE.clear()
 
 
 def test_batch_invariant_mode(monkeypatch):

@@ -159,3 +159,18 @@ def test_mma_kblocks_names_validation_and_compile():
         if tiles.get("mma_kblocks", 1) > 1:
             up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic", tiles)
             assert up.mma_kblocks == down.mma_kblocks == tiles["mma_kblocks"], b
+
+
+def test_forced_overrides_the_choice_and_always_clears():
+    args = (2048, 8, 384, 7168, 256, "int4_g32", "bf16", "NVIDIA H200")
+    unforced = fam.choose_with_family(*args)
+    with fam.forced(5, 3):
+        assert fam.choose_with_family(*args) == ("sm90", dict(fam.CANDIDATES[5]), 3)
+    assert not fam.FORCE
+    with pytest.raises(RuntimeError):
+        with fam.forced(7):
+            assert fam.choose_with_family(*args)[1:] == (dict(fam.CANDIDATES[7]), None)
+            raise RuntimeError
+    assert not fam.FORCE
+    with fam.forced(None):  # forces nothing
+        assert fam.choose_with_family(*args) == unforced

@@ -68,17 +68,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         x, tw, ids = make_inputs(wl, t, gen, dev)
         for p in a.providers.split(","):
             for b in buckets:
-                fam.FORCE.clear()
-                if b is not None:
-                    fam.FORCE.update(bucket=b)
-                try:
+                with fam.forced(b):
                     fn = _provider_fn(p, wl, weights)
                     out = torch.empty_like(x)
                     call = (lambda fn=fn, x=x, tw=tw, ids=ids, out=out: fn(x, tw, ids, out=out))
                     rows = profile_call(call)
                     graph_us = _time(call)
-                finally:
-                    fam.FORCE.clear()
                 kern = sum(n * us for _, n, us in rows)
                 what = p if b is None else f"{p} bucket {b}"
                 print(f"{wl.name} T={t} {what}: graph replay {graph_us:.1f} us, kernels {kern:.1f} us per call")

@@ -76,9 +76,8 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
                         measure(f"decode {kn}", f"d:{kn}", None)
             for b in buckets:
                 for sp in splits_opts:
-                    fam.FORCE.clear()
-                    fam.FORCE.update(bucket=b, splits=sp)
-                    measure(f"bucket {b} splits {sp}", b, sp)
+                    with fam.forced(b, sp):
+                        measure(f"bucket {b} splits {sp}", b, sp)
             here = [r for r in trials if r["tokens"] == t]
             if not here:
                 raise RuntimeError(f"tune: no candidate passed the NRMSE check at T={t}")

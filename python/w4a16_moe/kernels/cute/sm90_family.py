@@ -32,6 +32,7 @@ selects among compiled kernels, so it is not part of the kernels' source hash.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -266,8 +267,22 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
     return up, down
 
 
-# Tuner overrides (``python -m w4a16_moe tune``): {"bucket": index into TILES, "splits": int}
+# Tuner overrides (``python -m w4a16_moe tune``): {"bucket": index into CANDIDATES, "splits": int or None};
+# set them with :func:`forced`
 FORCE: dict = {}
+
+
+@contextlib.contextmanager
+def forced(bucket: Optional[int], splits: Optional[int] = None):
+    """Within the block every SM90 call takes ``CANDIDATES[bucket]`` with ``splits`` split-K parts (None: the
+    ``num_splits`` rule); ``bucket`` None forces nothing. For the tuner, the profiler and the GPU tests."""
+    FORCE.clear()
+    if bucket is not None:
+        FORCE.update(bucket=bucket, splits=splits)
+    try:
+        yield
+    finally:
+        FORCE.clear()
 TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned_sm90.json")
 
 
