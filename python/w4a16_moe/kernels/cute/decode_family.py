@@ -89,17 +89,22 @@ def forced_knobs() -> tuple:
 
 
 def parse_knobs(text: str) -> dict:
-    """``"w8u4/w8u2"`` (gate_up / down: warps ``w``, unroll ``u``; a trailing ``p0`` on the down part turns
-    its programmatic dependent launch off) -> ``{"gate_up": {...}, "down": {...}}``."""
+    """``"w8u4/w8u2"`` (gate_up / down: warps ``w``, unroll ``u``; optional suffixes, in this order: ``c<N>``
+    a persistent grid of at most N CTAs, ``pp`` the register double buffer, and on the down part ``p0``
+    to turn its programmatic dependent launch off) -> ``{"gate_up": {...}, "down": {...}}``."""
     import re
 
     out = {}
     for mode_, part in zip(("gate_up", "down"), text.split("/")):
-        m = re.fullmatch(r"w(\d+)u(\d+)(p0)?", part.strip())
-        if not m or (m.group(3) and mode_ != "down"):
-            raise ValueError(f"decode knobs: expected wNuM[/wNuM[p0]], got {text!r}")
+        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(pp)?(p0)?", part.strip())
+        if not m or (m.group(5) and mode_ != "down"):
+            raise ValueError(f"decode knobs: expected wNuM[cN][pp][/wNuM[cN][pp][p0]], got {text!r}")
         out[mode_] = dict(warps=int(m.group(1)), unroll=int(m.group(2)))
         if m.group(3):
+            out[mode_]["ctas"] = int(m.group(3))
+        if m.group(4):
+            out[mode_]["pipe"] = True
+        if m.group(5):
             out[mode_]["pdl"] = False
     return out
 

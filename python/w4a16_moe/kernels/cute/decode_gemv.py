@@ -110,6 +110,22 @@ def prefetch_l2_bulk(addr, nbytes, *, loc=None, ip=None) -> None:
 
 
 @dsl_user_op
+def ballot(pred, *, loc=None, ip=None) -> Int32:
+    """``vote.sync.ballot.b32`` over the full warp of ``pred != 0``."""
+    r = llvm.inline_asm(T.i32(), [_i32(pred, loc, ip)],
+                        "{ .reg .pred p; setp.ne.b32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }", "=r,r",
+                        has_side_effects=True, loc=loc, ip=ip)
+    return Int32(r)
+
+
+@dsl_user_op
+def lanemask_lt(*, loc=None, ip=None) -> Int32:
+    """``%lanemask_lt``: the bits of the lanes below this one."""
+    r = llvm.inline_asm(T.i32(), [], "mov.u32 $0, %lanemask_lt;", "=r", has_side_effects=False, loc=loc, ip=ip)
+    return Int32(r)
+
+
+@dsl_user_op
 def ld_act_pred(addr, pred, *, loc=None, ip=None) -> Int32:
     """One 32-bit word of activations (``ld.global.nc``), or 0 when ``pred`` is 0."""
     asm = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }"
@@ -177,6 +193,9 @@ class Sm90W4A16DecodeGemv:
         self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
         self.outs = (self.X // 2 if c.gated else self.X) * 16  # outputs per CTA
         self.pdl = c.pdl and c.mode == "down"
+        self.ctas = c.ctas
+        if c.ctas < 0 or c.ctas > 65535:
+            raise ValueError("ctas must be 0 (one CTA per work unit) or a CTA count in 1..65535")
 
     # ------------------------------------------------------------------------------------------------------
     def fake_args(self) -> list:
@@ -222,12 +241,19 @@ class Sm90W4A16DecodeGemv:
         @cute.struct
         class Storage:
             red: cute.struct.Align[cute.struct.MemRange[Float32, self.W * self.X * 16], 16]
+            lst: cute.struct.Align[cute.struct.MemRange[Int32, self.threads], 16]
+            wtot: cute.struct.Align[cute.struct.MemRange[Int32, 16], 16]
 
         self.storage_cls = Storage
-        grid_y = num_routes if const_expr(self.cfg.mode == "gate_up") else num_routes // top_k
+        rows = num_routes if const_expr(self.cfg.mode == "gate_up") else num_routes // top_k
+        upr = (n // (64 * self.X)) * 4
+        if const_expr(self.ctas > 0):
+            grid = [cutlass.max(cutlass.min(upr * rows, Int32(self.ctas)), Int32(1)), 1, 1]
+        else:
+            grid = [upr, rows, 1]
         self.kernel(w, act, out, sorted_routes, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles,
                     num_splits).launch(
-            grid=[(n // (64 * self.X)) * 4, grid_y, 1],
+            grid=grid,
             block=[self.threads, 1, 1],
             stream=stream,
             use_pdl=self.pdl,
@@ -255,8 +281,6 @@ class Sm90W4A16DecodeGemv:
         bx, by, _ = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
-        s = bx % 4
-        nb = bx // 4
         g_ids = cute.make_tensor(ids, cute.make_layout(num_routes))
         g_tw = cute.make_tensor(topk_weights, cute.make_layout(num_routes))
         smem = cutlass.utils.SmemAllocator()
@@ -264,55 +288,156 @@ class Sm90W4A16DecodeGemv:
         red = st.red.data_ptr().toint()
         tot = cute.make_rmem_tensor((2 * X,), Float32)
         acc = cute.make_rmem_tensor((4 * X,), Float32)
-        tot.fill(0.0)
         units = k // 64
         per = (units + num_parts - 1) // num_parts
         wrow = Int64(n // (64 * X)) * Int64(k // self.BK) * Int64(self.chunk)  # bytes per expert
-        w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
-        if const_expr(self.cfg.mode == "gate_up"):
+        up = const_expr(self.cfg.mode == "gate_up")
+        if const_expr(up):
             # let the down kernel (launched with programmatic dependent launch) start its prologue
             cute.arch.griddepcontrol_launch_dependents()
-            r = by
+        if const_expr(self.ctas == 0):
+            s = bx % 4
+            nb = bx // 4
+            if const_expr(up):
+                self._up_unit(w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset,
+                              num_parts, units, per, wrow, warp, lane, tidx, by, nb, s)
+            else:
+                if const_expr(self.pdl):
+                    self._prefetch(w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, by, nb, s)
+                    cute.arch.griddepcontrol_wait()
+                self._down_unit(w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k, expert_offset,
+                                num_parts, units, per, wrow, warp, lane, tidx, by, nb, s)
+        else:
+            # persistent: the work of the valid routes (gate_up) / of the tokens with a valid route first
+            # (down), compacted per window of `threads` routes / tokens, dealt to the CTAs round-robin
+            lst = st.lst.data_ptr().toint()
+            wtot = st.wtot.data_ptr().toint()
+            rows = num_routes if const_expr(up) else num_routes // top_k
+            upr = (n // (64 * X)) * 4
+            nctas = cute.arch.grid_dim()[0]
+            for w0 in cutlass.range(0, rows, self.threads, unroll=1):
+                nvalid, nwin = self._compact(g_ids, rows, w0, num_experts, top_k, expert_offset, lst, wtot,
+                                             warp, lane, tidx)
+                cnt = (nvalid if const_expr(up) else nwin) * upr
+                if const_expr(not up and self.pdl):
+                    for u in cutlass.range(bx, cnt, nctas, unroll=1):
+                        v = u // upr
+                        rem = u - v * upr
+                        nb = rem // 4
+                        t = ptx.ld_shared_b32(lst + v * 4)
+                        self._prefetch(w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb,
+                                       rem - nb * 4)
+                    cute.arch.griddepcontrol_wait()
+                for u in cutlass.range(bx, cnt, nctas, unroll=1):
+                    v = u // upr
+                    rem = u - v * upr
+                    nb = rem // 4
+                    s = rem - nb * 4
+                    rr = ptx.ld_shared_b32(lst + v * 4)
+                    if const_expr(up):
+                        self._up_unit(w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset,
+                                      num_parts, units, per, wrow, warp, lane, tidx, rr, nb, s)
+                    else:
+                        self._down_unit(w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k,
+                                        expert_offset, num_parts, units, per, wrow, warp, lane, tidx, rr, nb, s)
+                    cute.arch.sync_threads()  # `red` is rewritten by the next unit
+                cute.arch.sync_threads()  # `lst` is rewritten by the next window
+
+    @cute.jit
+    def _compact(self, g_ids, rows, w0, num_experts, top_k, expert_offset, lst, wtot, warp, lane, tidx):
+        """Window ``[w0, w0 + threads)`` of the routes (gate_up) or tokens (down), compacted into ``lst``:
+        the valid routes / the tokens with at least one valid route first (in order), then (down) the
+        others. Returns ``(valid count, window size)``."""
+        i = w0 + tidx
+        ok = Int32(0)
+        if i < rows:
+            if const_expr(self.cfg.mode == "gate_up"):
+                e = g_ids[i] - expert_offset
+                if e >= 0:
+                    if e < num_experts:
+                        ok = Int32(1)
+            else:
+                for j in cutlass.range(top_k, unroll=1):
+                    e = g_ids[i * top_k + j] - expert_offset
+                    if e >= 0:
+                        if e < num_experts:
+                            ok = Int32(1)
+        bal = ballot(ok)
+        pre = cute.arch.popc(bal & lanemask_lt())
+        if lane == 0:
+            ptx.st_shared_b32(wtot + warp * 4, cute.arch.popc(bal))
+        cute.arch.sync_threads()
+        off = Int32(0)
+        nvalid = Int32(0)
+        for ww in cutlass.range_constexpr(self.W):
+            c = ptx.ld_shared_b32(wtot + ww * 4)
+            nvalid = nvalid + c
+            if ww < warp:
+                off = off + c
+        if i < rows:
+            if ok != 0:
+                ptx.st_shared_b32(lst + (off + pre) * 4, i)
+            else:
+                if const_expr(self.cfg.mode == "down"):
+                    ptx.st_shared_b32(lst + (nvalid + tidx - off - pre) * 4, i)
+        cute.arch.sync_threads()
+        return nvalid, cutlass.min(rows - w0, Int32(self.threads))
+
+    @cute.jit
+    def _up_unit(self, w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset, num_parts,
+                 units, per, wrow, warp, lane, tidx, r, nb, s):
+        """gate_up: ``h[r, cols]`` of route ``r``'s 16-row slice ``s`` of row block ``nb`` (CTA-wide)."""
+        X = self.X
+        w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
+        e = g_ids[r] - expert_offset
+        if e >= 0:
+            if e < num_experts:
+                tot.fill(0.0)
+                row = act.toint() + Int64(r // top_k) * Int64(k) * 2
+                for p in cutlass.range(warp, num_parts, self.W, unroll=1):
+                    self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
+                    for x in cutlass.range_constexpr(X):
+                        tot[2 * x] = tot[2 * x] + acc[4 * x]
+                        tot[2 * x + 1] = tot[2 * x + 1] + acc[4 * x + 2]
+                self._finish(tot, red, out, warp, lane, tidx, s, nb, n, r)
+
+    @cute.jit
+    def _prefetch(self, w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb, s):
+        """down, before ``griddepcontrol.wait``: bring quarter ``s`` of every valid route's row block ``nb``
+        of token ``t`` into L2 (the row block of an expert is contiguous in the packed layout)."""
+        w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
+        span = Int32(k // self.BK) * Int32(self.chunk)
+        quarter = ((span // 4 + 15) // 16) * 16
+        lo = s * quarter
+        size = cutlass.min(quarter, span - lo)
+        for j in cutlass.range(tidx, top_k, self.threads, unroll=1):
+            ej = g_ids[t * top_k + j] - expert_offset
+            if ej >= 0:
+                if ej < num_experts:
+                    if size > 0:
+                        prefetch_l2_bulk(w_nb + Int64(ej) * wrow + Int64(lo), size)
+
+    @cute.jit
+    def _down_unit(self, w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k, expert_offset,
+                   num_parts, units, per, wrow, warp, lane, tidx, t, nb, s):
+        """down: ``out[t, cols]`` of token ``t``'s 16-row slice ``s`` of row block ``nb`` (CTA-wide)."""
+        X = self.X
+        w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
+        tot.fill(0.0)
+        for it in cutlass.range(warp, top_k * num_parts, self.W, unroll=1):
+            j = it // num_parts
+            p = it - j * num_parts
+            r = t * top_k + j
             e = g_ids[r] - expert_offset
             if e >= 0:
                 if e < num_experts:
-                    row = act.toint() + Int64(r // top_k) * Int64(k) * 2
-                    for p in cutlass.range(warp, num_parts, self.W, unroll=1):
-                        self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
-                        for x in cutlass.range_constexpr(X):
-                            tot[2 * x] = tot[2 * x] + acc[4 * x]
-                            tot[2 * x + 1] = tot[2 * x + 1] + acc[4 * x + 2]
-                    self._finish(tot, red, out, warp, lane, tidx, s, nb, n, r)
-        else:
-            t = by
-            if const_expr(self.pdl):
-                # while the gate/up kernel still runs: prefetch this CTA's quarter of every valid route's row
-                # block (contiguous in the packed layout) into L2; then wait for h
-                span = Int32(k // self.BK) * Int32(self.chunk)
-                quarter = ((span // 4 + 15) // 16) * 16
-                lo = s * quarter
-                size = cutlass.min(quarter, span - lo)
-                for j in cutlass.range(tidx, top_k, self.threads, unroll=1):
-                    ej = g_ids[t * top_k + j] - expert_offset
-                    if ej >= 0:
-                        if ej < num_experts:
-                            if size > 0:
-                                prefetch_l2_bulk(w_nb + Int64(ej) * wrow + Int64(lo), size)
-                cute.arch.griddepcontrol_wait()
-            for it in cutlass.range(warp, top_k * num_parts, self.W, unroll=1):
-                j = it // num_parts
-                p = it - j * num_parts
-                r = t * top_k + j
-                e = g_ids[r] - expert_offset
-                if e >= 0:
-                    if e < num_experts:
-                        wt = g_tw[r]
-                        row = act.toint() + Int64(r) * Int64(k) * 2
-                        self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
-                        for x in cutlass.range_constexpr(X):
-                            tot[2 * x] = tot[2 * x] + wt * acc[4 * x]
-                            tot[2 * x + 1] = tot[2 * x + 1] + wt * acc[4 * x + 2]
-            self._finish(tot, red, out, warp, lane, tidx, s, nb, n, t)
+                    wt = g_tw[r]
+                    row = act.toint() + Int64(r) * Int64(k) * 2
+                    self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
+                    for x in cutlass.range_constexpr(X):
+                        tot[2 * x] = tot[2 * x] + wt * acc[4 * x]
+                        tot[2 * x + 1] = tot[2 * x + 1] + wt * acc[4 * x + 2]
+        self._finish(tot, red, out, warp, lane, tidx, s, nb, n, t)
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
@@ -333,58 +458,113 @@ class Sm90W4A16DecodeGemv:
         magic = Int32(ptx._u32(self.magic))
         sym = Int32(ptx._u32(self.sym_bias))
         xoff = (lane % 4) * 4
-        for b in cutlass.range(nbat, unroll=1):
-            codes, scl, bia, xw = [], [], [], []
-            for ii in cutlass.range_constexpr(U):
-                u = u0 + b * U + ii
-                ok = Int32(0)
-                if u < u1:
-                    ok = Int32(1)
-                kt = u // C
-                c = u - kt * C
-                cb = wb + Int64(kt) * Int64(self.chunk)
-                gi0 = (c * 64) // g if const_expr(g and g <= BK) else 0
-                cw, sw, bw = [], [], []
-                for x in cutlass.range_constexpr(X):
-                    cw.append(ld_stream_pred(cb + Int64(((x * C + c) * 128 + t) * 16), ok, pol, 4))
-                    sa = cb + Int64(self.code_bytes + ((x * 32 + q) * self.gpt + gi0) * 4)
-                    sw.append(ld_stream_pred(sa, ok, pol, self.wpu))
-                    if const_expr(cfg.zero_point):
-                        bw.append(ld_stream_pred(sa + self.scale_bytes, ok, pol, self.wpu))
-                codes.append(cw)
-                scl.append(sw)
-                bia.append(bw)
-                xa = row + Int64(u * 128 + xoff)
-                xw.append([ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
-            for ii in cutlass.range_constexpr(U):
-                for x in cutlass.range_constexpr(X):
-                    for jj in cutlass.range_constexpr(4):
-                        lg = (16 * jj) // g if const_expr(g and g <= 64) else 0
-                        sv = scl[ii][x][lg]
-                        s_lo = ptx.prmt(sv, 0x1010)
-                        s_hi = ptx.prmt(sv, 0x3232)
-                        word = codes[ii][x][jj]
-                        a = []
-                        for i in cutlass.range_constexpr(4):
-                            rh = i % 2
-                            if const_expr(cfg.fp4):
-                                v = ptx.packed_mul(self._e2m1_pair(word, i), s_lo if rh == 0 else s_hi,
-                                                   self.is_bf16)
+        if const_expr(not cfg.pipe):
+            for b in cutlass.range(nbat, unroll=1):
+                bt = self._load_batch(wb, row, u0 + b * U, u1, t, q, xoff, pol)
+                self._mma_batch(acc, bt, magic, sym)
+        else:
+            # register double buffer: batch b + 1's loads are in flight while batch b is dequantized
+            # (past the part's end the loads are predicated off)
+            sizes = self._batch_sizes()
+            bufs = [cute.make_rmem_tensor((max(nv, 1),), Int32) for nv in sizes]
+            self._stash(bufs, self._load_batch(wb, row, u0, u1, t, q, xoff, pol))
+            for b in cutlass.range(nbat, unroll=1):
+                nxt = self._load_batch(wb, row, u0 + (b + 1) * U, u1, t, q, xoff, pol)
+                self._mma_batch(acc, self._unstash(bufs), magic, sym)
+                self._stash(bufs, nxt)
+
+    def _batch_sizes(self):
+        """Words per load batch: codes, scales, zero points, activations."""
+        U, X = self.U, self.X
+        return (U * X * 4, U * X * self.wpu, U * X * self.wpu if self.cfg.zero_point else 0, U * 8)
+
+    def _flat(self, bt):
+        codes, scl, bia, xw = bt
+        return ([v for ii in codes for x in ii for v in x], [v for ii in scl for x in ii for v in x],
+                [v for ii in bia for x in ii for v in x], [v for ii in xw for v in ii])
+
+    def _stash(self, bufs, bt):
+        for buf, vals in zip(bufs, self._flat(bt)):
+            for i, v in enumerate(vals):
+                buf[i] = v
+
+    def _unstash(self, bufs):
+        U, X = self.U, self.X
+        wz = self.wpu if self.cfg.zero_point else 0
+        cb, sb, bb, xb = bufs
+        codes = [[[cb[(ii * X + x) * 4 + j] for j in range(4)] for x in range(X)] for ii in range(U)]
+        scl = [[[sb[(ii * X + x) * self.wpu + j] for j in range(self.wpu)] for x in range(X)] for ii in range(U)]
+        bia = [[[bb[(ii * X + x) * wz + j] for j in range(wz)] for x in range(X)] for ii in range(U)]
+        xw = [[xb[ii * 8 + v] for v in range(8)] for ii in range(U)]
+        return codes, scl, bia, xw
+
+    @cute.jit
+    def _load_batch(self, wb, row, ub, u1, t, q, xoff, pol):
+        """One load batch: k64 units ``ub .. ub + unroll`` (those at or past ``u1`` predicated off, zeros):
+        ``(codes[ii][x][4], scales[ii][x][wpu], zero points[ii][x][wpu], activations[ii][8])``."""
+        X, C, U, BK = self.X, self.C, self.U, self.BK
+        cfg = self.cfg
+        g = cfg.group
+        codes, scl, bia, xw = [], [], [], []
+        for ii in cutlass.range_constexpr(U):
+            u = ub + ii
+            ok = Int32(0)
+            if u < u1:
+                ok = Int32(1)
+            kt = u // C
+            c = u - kt * C
+            cb = wb + Int64(kt) * Int64(self.chunk)
+            gi0 = (c * 64) // g if const_expr(g and g <= BK) else 0
+            cw, sw, bw = [], [], []
+            for x in cutlass.range_constexpr(X):
+                cw.append(ld_stream_pred(cb + Int64(((x * C + c) * 128 + t) * 16), ok, pol, 4))
+                sa = cb + Int64(self.code_bytes + ((x * 32 + q) * self.gpt + gi0) * 4)
+                sw.append(ld_stream_pred(sa, ok, pol, self.wpu))
+                if const_expr(cfg.zero_point):
+                    bw.append(ld_stream_pred(sa + self.scale_bytes, ok, pol, self.wpu))
+            codes.append(cw)
+            scl.append(sw)
+            bia.append(bw)
+            xa = row + Int64(u * 128 + xoff)
+            xw.append([ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
+        return codes, scl, bia, xw
+
+    @cute.jit
+    def _mma_batch(self, acc, bt, magic, sym):
+        """Dequantize one load batch and accumulate its ``mma.sync`` products into ``acc``."""
+        X, U = self.X, self.U
+        cfg = self.cfg
+        g = cfg.group
+        codes, scl, bia, xw = bt
+        for ii in cutlass.range_constexpr(U):
+            for x in cutlass.range_constexpr(X):
+                for jj in cutlass.range_constexpr(4):
+                    lg = (16 * jj) // g if const_expr(g and g <= 64) else 0
+                    sv = scl[ii][x][lg]
+                    s_lo = ptx.prmt(sv, 0x1010)
+                    s_hi = ptx.prmt(sv, 0x3232)
+                    word = codes[ii][x][jj]
+                    a = []
+                    for i in cutlass.range_constexpr(4):
+                        rh = i % 2
+                        if const_expr(cfg.fp4):
+                            v = ptx.packed_mul(self._e2m1_pair(word, i), s_lo if rh == 0 else s_hi,
+                                               self.is_bf16)
+                        else:
+                            src = word if i == 0 else (word >> (4 * i))
+                            v = ptx.lop3_and_or(src, 0x000F000F, magic)
+                            if const_expr(cfg.zero_point):
+                                bv = bia[ii][x][lg]
+                                bias = ptx.prmt(bv, 0x1010) if rh == 0 else ptx.prmt(bv, 0x3232)
                             else:
-                                src = word if i == 0 else (word >> (4 * i))
-                                v = ptx.lop3_and_or(src, 0x000F000F, magic)
-                                if const_expr(cfg.zero_point):
-                                    bv = bia[ii][x][lg]
-                                    bias = ptx.prmt(bv, 0x1010) if rh == 0 else ptx.prmt(bv, 0x3232)
-                                else:
-                                    bias = sym
-                                v = ptx.packed_add(v, bias, self.is_bf16)
-                                v = ptx.packed_mul(v, s_lo if rh == 0 else s_hi, self.is_bf16)
-                            a.append(v)
-                        d = mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
-                                      acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3], self.is_bf16)
-                        for v in cutlass.range_constexpr(4):
-                            acc[4 * x + v] = d[v]
+                                bias = sym
+                            v = ptx.packed_add(v, bias, self.is_bf16)
+                            v = ptx.packed_mul(v, s_lo if rh == 0 else s_hi, self.is_bf16)
+                        a.append(v)
+                    d = mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
+                                  acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3], self.is_bf16)
+                    for v in cutlass.range_constexpr(4):
+                        acc[4 * x + v] = d[v]
 
     @cute.jit
     def _e2m1_pair(self, word, i: cutlass.Constexpr):
