@@ -5,7 +5,9 @@ NaN and checks NRMSE < 0.02 against the FP32 reference (``reference_moe``) on fr
 scheme and dtype, both finalize modes, every activation, EP offsets with invalid routes, token counts past
 the decode rule's bound, sizes whose K does not split evenly over the warps, top-k 1 and 8, int64 ids
 (out-of-int32 ids stay invalid), bit-identical repeats, CUDA-graph capture and replay after ``warmup``,
-and the automatic choice (decode for small calls, the grouped GEMMs beyond the bound).
+and the automatic choice (decode for small calls, the grouped GEMMs beyond the bound). The tests marked
+with the ``grid`` fixture run twice: on the default one-CTA-per-unit grids and on persistent grids far
+smaller than the work (:data:`PERSISTENT`: many units per CTA, several compaction windows at 200 tokens).
 """
 
 from __future__ import annotations
@@ -26,12 +28,28 @@ SCHEMES = ["int4_g32", "int4_g64", "int4_g128", "int4_g32_zp", "int4_g64_zp", "i
            "nvfp4", "mxfp4"]
 DTYPES = [torch.bfloat16, torch.float16]
 TOL = 0.02
+#: persistent decode grids of 5 (gate_up) and 3 (down) CTAs: every CTA takes many work units, and calls with
+#: more than 32 * 4 routes (tokens) compact them in several windows
+PERSISTENT = "w4u8c5/w4u4c3"
 
 
 @pytest.fixture(autouse=True)
 def _force_decode(monkeypatch):
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1")
     monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
+
+
+@pytest.fixture(params=[None, PERSISTENT], ids=["grid", "persistent"])
+def grid(request):
+    """The decode kernels' grid: the default knob set's, or :data:`PERSISTENT`."""
+    if request.param is None:
+        yield None
+        return
+    dec.FORCE_KNOBS.update(dec.parse_knobs(request.param))
+    try:
+        yield request.param
+    finally:
+        dec.FORCE_KNOBS.clear()
 
 
 def _weights(scheme, e=8, h=512, i=256, activation="swiglu", dtype=torch.bfloat16, seed=0):
@@ -48,7 +66,7 @@ def _run(w, t, k, **kw):
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
-def test_schemes(scheme, dtype, finalize):
+def test_schemes(scheme, dtype, finalize, grid):
     w = _weights(scheme, dtype=dtype)
     _run(w, 5, 4, dtype=dtype, finalize=finalize, offset=8, num_global=24)  # EP: 8 local of 24 experts
 
@@ -61,20 +79,20 @@ def test_activations(activation, dtype):
 
 
 @pytest.mark.parametrize("t", [1, 2, 7, 8, 9, 33, 200])
-def test_token_counts(t):
+def test_token_counts(t, grid):
     w = _weights("int4_g128", seed=3)
     _run(w, t, 4, seed=t)
 
 
 @pytest.mark.parametrize("h,i", [(768, 384), (1024, 128), (256, 256)])
 @pytest.mark.parametrize("k", [1, 8])
-def test_uneven_k_splits(h, i, k):
+def test_uneven_k_splits(h, i, k, grid):
     """K / 64 units that do not divide over the warps (parts past the end are empty), short and long K."""
     w = _weights("int4_g32", e=16, h=h, i=i, seed=4)
     _run(w, 3, k, seed=h + i + k)
 
 
-def test_all_routes_invalid():
+def test_all_routes_invalid(grid):
     w = _weights("int4_g32", seed=5)
     x = torch.randn(6, w.hidden_size, device="cuda").to(torch.bfloat16)
     ids = torch.randint(8, 100, (6, 4), dtype=torch.int32, device="cuda")
@@ -84,14 +102,14 @@ def test_all_routes_invalid():
     assert torch.equal(out, torch.zeros_like(out))
 
 
-def test_all_routes_on_one_expert():
+def test_all_routes_on_one_expert(grid):
     w = _weights("int4_g64", seed=6)
     ids = torch.full((9, 3), -1, dtype=torch.int32, device="cuda")
     ids[:, 1] = 5
     _run(w, 9, 3, ids=ids)
 
 
-def test_int64_ids_out_of_int32_range():
+def test_int64_ids_out_of_int32_range(grid):
     w = _weights("int4_g32", seed=7)
     t, k = 4, 4
     _, rid = random_routing(t, k, w.num_experts, seed=7, device="cuda")
@@ -101,7 +119,7 @@ def test_int64_ids_out_of_int32_range():
     _run(w, t, k, ids=ids)
 
 
-def test_deterministic_bitwise():
+def test_deterministic_bitwise(grid):
     w = _weights("int4_g32", seed=8)
     x, tw, ids, out = _run(w, 8, 8)
     for _ in range(3):
@@ -109,7 +127,29 @@ def test_deterministic_bitwise():
         assert torch.equal(wm.fused_moe(x, w, tw, ids, finalize="fused", backend="cute"), out)
 
 
-def test_cuda_graph_capture_and_replay():
+def test_persistent_grid_is_bit_identical():
+    """A persistent grid runs the same work units as the one-CTA-per-unit grid: the same bits, with EP
+    offsets, invalid routes and tokens without a valid route (their rows are zeros)."""
+    w = _weights("int4_g128", seed=12)
+    t, k = 33, 4
+    x = torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16)
+    tw, ids = random_routing(t, k, 24, seed=12, device="cuda")  # 8 local experts at offset 8 of 24
+    ids[3] = 2  # token 3: no local route
+    outs = []
+    for knobs in ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528"):
+        dec.FORCE_KNOBS.update(dec.parse_knobs(knobs))
+        try:
+            out = torch.full_like(x, float("nan"))
+            wm.fused_moe(x, w, tw, ids, backend="cute", expert_offset=8, out=out)
+            outs.append(out)
+        finally:
+            dec.FORCE_KNOBS.clear()
+    assert torch.equal(outs[0][3], torch.zeros_like(outs[0][3]))
+    assert nrmse(outs[0], wm.reference_moe(x, w, tw, ids, expert_offset=8)) < TOL
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
+
+
+def test_cuda_graph_capture_and_replay(grid):
     w = _weights("int4_g32", seed=9)
     t, k = 4, 8
     wm.warmup(w, top_k=k, max_tokens=t, backend="cute")

@@ -39,12 +39,16 @@ def test_spec_names_encode_every_knob():
     assert dec.spec_for(a).name != dec.spec_for(b).name
     assert dec.config_from_spec(dec.spec_for(b)) == b
     assert len(family_source_hash(dec.FAMILY)) > 0
+    c, _ = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu", dec.knob_items("w4u8c396/w4u4"))
+    assert c.ctas == 396 and c.name().endswith("_c396") and dec.spec_for(c).name != dec.spec_for(a).name
 
 
 def test_parse_knobs():
     assert dec.parse_knobs("w8u4/w4u2") == {"gate_up": {"warps": 8, "unroll": 4}, "down": {"warps": 4, "unroll": 2}}
     assert dec.parse_knobs("w16u2") == {"gate_up": {"warps": 16, "unroll": 2}}
     assert dec.parse_knobs("w8u8/w8u4p0")["down"] == {"warps": 8, "unroll": 4, "pdl": False}
+    assert dec.parse_knobs("w4u8c396/w4u4c528p0") == {"gate_up": {"warps": 4, "unroll": 8, "ctas": 396},
+                                                       "down": {"warps": 4, "unroll": 4, "ctas": 528, "pdl": False}}
     with pytest.raises(ValueError, match="wNuM"):
         dec.parse_knobs("w8u8p0/w8u4")
     with pytest.raises(ValueError, match="wNuM"):
@@ -85,11 +89,17 @@ def test_variants():
     assert len(defaults) == len(SCHEMES) * 2 * 5  # 4 gate_up activations + 1 down per scheme and dtype
     assert set(s.name for s in defaults) <= set(s.name for s in full)
     assert {s.family for s in full} == {dec.FAMILY}
-    # every knob set of the tuned table is in the full set, for its scheme
+    # every knob set of the tuned table is in the full set, for its scheme and dtype (and only for it)
     for sch in SCHEMES:
-        for kn in fam.tuned_decode_knob_sets(sch):
-            for cfg in dec.configs(get_scheme(sch), "bf16", "swiglu", dec.knob_items(kn)):
-                assert dec.spec_for(cfg) in full
+        for dt in ("bf16", "fp16"):
+            for kn in fam.tuned_decode_knob_sets(sch, dt):
+                for cfg in dec.configs(get_scheme(sch), dt, "swiglu", dec.knob_items(kn)):
+                    assert dec.spec_for(cfg) in full
+    assert fam.tuned_decode_knob_sets("int4_g128", "bf16") and not fam.tuned_decode_knob_sets("int4_g128", "fp16")
+    defaults16 = set(dec.configs(get_scheme("int4_g128"), "fp16", "swiglu"))
+    for kn in fam.tuned_decode_knob_sets("int4_g128", "bf16"):
+        for cfg in set(dec.configs(get_scheme("int4_g128"), "fp16", "swiglu", dec.knob_items(kn))) - defaults16:
+            assert dec.spec_for(cfg) not in full
     smoke = dec.aot_variants("smoke")
     assert len(smoke) >= 4 and set(s.name for s in smoke) <= set(s.name for s in full)
 
@@ -101,6 +111,8 @@ def test_compiles_for_sm90a(scheme):
 
     for cfg in dec.configs(get_scheme(scheme), "bf16", "geglu"):
         assert Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
+    for cfg in dec.configs(get_scheme(scheme), "fp16", "swiglu", dec.knob_items("w4u8c396/w8u4c264")):
+        assert cfg.ctas > 0 and Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
 
 
 def test_bad_configs_are_refused():
@@ -115,3 +127,5 @@ def test_bad_configs_are_refused():
         Sm90W4A16DecodeGemv(DecodeGemvConfig(fp4=True, zero_point=True))
     with pytest.raises(ValueError, match="warps"):
         Sm90W4A16DecodeGemv(DecodeGemvConfig(warps=3))
+    with pytest.raises(ValueError, match="ctas"):
+        Sm90W4A16DecodeGemv(DecodeGemvConfig(ctas=-1))

@@ -87,3 +87,22 @@ def test_packaged_table_is_consistent():
         assert ent["max_routes"] >= 0
         for _, kn in ent["knobs"]:
             dec.parse_knobs(kn)
+
+
+def test_tuner_rows_are_the_benchmarks_then_fresh_draws():
+    """The tuner's first routing of a token count is the benchmark's row (same seed, same draw order);
+    the others are distinct fresh draws."""
+    import torch
+
+    from w4a16_moe.bench.tune import _rows
+    from w4a16_moe.bench.workloads import SEED, Workload, make_inputs
+
+    wl = Workload("tiny", "", 16, 4, 32, 16, 2, "int4_g32", (1, 2, 4))
+    gen = torch.Generator().manual_seed(SEED)
+    bench = {t: make_inputs(wl, t, gen, "cpu") for t in wl.tokens}
+    rows = _rows(wl, [2, 4, 3], 3, torch.Generator().manual_seed(SEED), "cpu")
+    assert [len(rows[t]) for t in (2, 4, 3)] == [3, 3, 3]
+    for t in (2, 4):
+        assert all(torch.equal(a, b) for a, b in zip(rows[t][0], bench[t]))
+        assert not torch.equal(rows[t][1][2], rows[t][2][2]) or not torch.equal(rows[t][1][0], rows[t][2][0])
+    assert rows[3][0][0].shape == (3, 32)  # not a benchmark row: a fresh draw

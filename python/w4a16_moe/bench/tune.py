@@ -5,6 +5,11 @@ rule's buckets plus deep-pipeline decode shapes) and split-K choice (``--splits`
 1, 2, 4, 8) at each token count of a workload, the same way the benchmark times it (checked against the FP32
 reference first, then CUDA-graph replay), and writes the best choice per token count as tuned-table
 entries keyed by GPU name and layer shape (``kernels/cute/tuned_sm90.json`` format), with the versions.
+
+The data of a token count are the benchmark's row for it (the rows drawn in the workload's order from the
+benchmark's seed). ``--routings N`` times every candidate on N routings of each token count, the benchmark's
+row and N - 1 fresh draws, and decides by the mean: at a few tokens the time depends on how many local
+routes and experts a routing has, and a choice should not rest on one draw.
 """
 
 from __future__ import annotations
@@ -39,10 +44,23 @@ def _decode_trial(knobs: dict):
         dec.FORCE_KNOBS.clear()
 
 
+def _rows(wl, tokens, routings: int, gen, dev) -> dict:
+    """``{T: [(x, topk_weights, topk_ids), ...]}``: the benchmark's row for every token count of the workload
+    (drawn in its order from ``gen``), then ``routings - 1`` more draws for each of ``tokens``."""
+    bench = {t: make_inputs(wl, t, gen, dev) for t in wl.tokens}
+    extra = torch.Generator(device=dev).manual_seed(SEED + 1)
+    out = {}
+    for t in tokens:
+        first = bench[t] if t in bench else make_inputs(wl, t, extra, dev)
+        out[t] = [first] + [make_inputs(wl, t, extra, dev) for _ in range(routings - 1)]
+    return out
+
+
 def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print, splits=(None, 1, 2, 4, 8),
-         buckets=None, decode_knobs=()) -> dict:
+         buckets=None, decode_knobs=(), routings: int = 1) -> dict:
     """``decode_knobs``: knob sets (:func:`decode_family.parse_knobs` strings) of the route-major decode
-    kernels to time beside the grouped-GEMM candidates (bucket ``"d:<knobs>"`` in the trials)."""
+    kernels to time beside the grouped-GEMM candidates (bucket ``"d:<knobs>"`` in the trials); ``routings``:
+    routings per token count (see the module docstring); a trial's ``us`` is the mean over them."""
     from ..kernels.cute import decode_family as dec
 
     wl = WORKLOADS[workload]
@@ -53,22 +71,31 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
     key = fam.tuned_key(gpu, wl.local_experts, wl.hidden, wl.intermediate, wl.scheme, "bf16", wl.top_k)
     splits_opts = list(splits)
     buckets = list(range(len(fam.CANDIDATES))) if buckets is None else list(buckets)
+    if routings < 1:
+        raise ValueError(f"routings: expected >= 1, got {routings}")
+    tokens = list(tokens or wl.tokens)
+    data = _rows(wl, tokens, routings, gen, dev)
     rows, trials = [], []
     try:
-        for t in tokens or wl.tokens:
-            x, tw, ids = make_inputs(wl, t, gen, dev)
-            ref = reference_moe(x, weights, tw, ids)
+        for t in tokens:
+            cases = [(x, tw, ids, reference_moe(x, weights, tw, ids)) for x, tw, ids in data[t]]
 
             def measure(label, bucket, sp):
-                """Check the forced choice against the reference, then time it into ``trials``."""
-                out = torch.full_like(x, float("nan"))
-                fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
-                err = _nrmse(out, ref)
-                if not (err < 0.02 and bool(torch.isfinite(out).all())):
-                    log(f"# T={t} {label}: NRMSE {err:.3g}, skipped")
-                    return
-                us = _time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out))
-                trials.append({"tokens": t, "bucket": bucket, "splits": sp, "us": us, "nrmse": err})
+                """Check the forced choice against the reference on every routing, then time it into
+                ``trials`` (mean over the routings)."""
+                times, errs = [], []
+                for x, tw, ids, ref in cases:
+                    out = torch.full_like(x, float("nan"))
+                    fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
+                    err = _nrmse(out, ref)
+                    if not (err < 0.02 and bool(torch.isfinite(out).all())):
+                        log(f"# T={t} {label}: NRMSE {err:.3g}, skipped")
+                        return
+                    errs.append(err)
+                    times.append(_time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute",
+                                                         out=out)))
+                trials.append({"tokens": t, "bucket": bucket, "splits": sp, "us": sum(times) / len(times),
+                               "us_per_routing": times, "nrmse": max(errs)})
 
             for kn in decode_knobs:
                 with _decode_trial(dec.parse_knobs(kn)):
@@ -127,6 +154,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--decode-knobs", default="",
                     help="comma-separated decode-kernel knob sets to time too, e.g. w8u4/w8u2,w16u4/w8u2 "
                          "(gate_up / down: warps, unroll)")
+    ap.add_argument("--routings", type=int, default=1,
+                    help="routings per token count: the benchmark's row and N - 1 fresh draws; the mean decides")
     ap.add_argument("--json", required=True)
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -135,7 +164,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     sp = [None if v == "rule" else int(v) for v in a.splits.split(",")]
     bk = None if not a.buckets else [] if a.buckets == "none" else [int(v) for v in a.buckets.split(",")]
     res = tune(a.workload, a.finalize, [int(t) for t in a.tokens.split(",")] if a.tokens else None, splits=sp,
-               buckets=bk, decode_knobs=[v for v in a.decode_knobs.split(",") if v])
+               buckets=bk, decode_knobs=[v for v in a.decode_knobs.split(",") if v], routings=a.routings)
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     return 0

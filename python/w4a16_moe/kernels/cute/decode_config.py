@@ -33,8 +33,7 @@ class DecodeGemvConfig:
     warps: int = 8  # warps per CTA; they split the K range (gate_up) or the (route, K part) items (down)
     unroll: int = 4  # k64 units per load batch (16-byte weight loads in flight per thread: X * unroll)
     pdl: bool = True  # down: programmatic dependent launch (prefetch the weights into L2 while gate/up runs)
-    ctas: int = 0  # > 0: persistent grid of at most this many CTAs over the compacted work (see decode_gemv)
-    pipe: bool = False  # issue the next load batch before the current one is dequantized (register double buffer)
+    ctas: int = 0  # > 0: a persistent grid of at most this many CTAs over the compacted work (see decode_gemv)
 
     @property
     def gated(self) -> bool:
@@ -46,6 +45,5 @@ class DecodeGemvConfig:
         act = ("_" + self.activation) if self.mode == "gate_up" else ""
         pdl = "_pdl" if self.pdl and self.mode == "down" else ""
         ctas = f"_c{self.ctas}" if self.ctas else ""
-        pipe = "_pp" if self.pipe else ""
         return (f"dec_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_k{self.k_tile}"
-                f"_w{self.warps}_u{self.unroll}{act}{pdl}{ctas}{pipe}")
+                f"_w{self.warps}_u{self.unroll}{act}{pdl}{ctas}")

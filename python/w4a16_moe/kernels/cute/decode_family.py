@@ -90,21 +90,19 @@ def forced_knobs() -> tuple:
 
 def parse_knobs(text: str) -> dict:
     """``"w8u4/w8u2"`` (gate_up / down: warps ``w``, unroll ``u``; optional suffixes, in this order: ``c<N>``
-    a persistent grid of at most N CTAs, ``pp`` the register double buffer, and on the down part ``p0``
-    to turn its programmatic dependent launch off) -> ``{"gate_up": {...}, "down": {...}}``."""
+    a persistent grid of at most N CTAs, and on the down part ``p0`` to turn its programmatic dependent
+    launch off) -> ``{"gate_up": {...}, "down": {...}}``."""
     import re
 
     out = {}
     for mode_, part in zip(("gate_up", "down"), text.split("/")):
-        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(pp)?(p0)?", part.strip())
-        if not m or (m.group(5) and mode_ != "down"):
-            raise ValueError(f"decode knobs: expected wNuM[cN][pp][/wNuM[cN][pp][p0]], got {text!r}")
+        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(p0)?", part.strip())
+        if not m or (m.group(4) and mode_ != "down"):
+            raise ValueError(f"decode knobs: expected wNuM[cN][/wNuM[cN][p0]], got {text!r}")
         out[mode_] = dict(warps=int(m.group(1)), unroll=int(m.group(2)))
         if m.group(3):
             out[mode_]["ctas"] = int(m.group(3))
         if m.group(4):
-            out[mode_]["pipe"] = True
-        if m.group(5):
             out[mode_]["pdl"] = False
     return out
 
@@ -148,17 +146,17 @@ def knob_items(text: Optional[str]) -> tuple:
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
-    plus the knob sets the tuned table names for that scheme (``knobs`` given: exactly those)."""
+    plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those)."""
     from ...formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
     out, seen = [], set()
     for sch in schemes:
-        sets = list(knobs) if knobs is not None else [()] + [
-            knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name)]
-        for kn in sets:
-            for dt in dtypes:
+        for dt in dtypes:
+            sets = list(knobs) if knobs is not None else [()] + [
+                knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name, dt)]
+            for kn in sets:
                 for act in activations:
                     for cfg in configs(sch, dt, act, kn):
                         spec = spec_for(cfg)

@@ -28,6 +28,15 @@ result; no shuffles). FP32 accumulation. Weights and scales are loaded straight 
 batch are issued before any is used); units past the part's end are predicated off (zero codes, zero
 scales, zero activations: they add exact zeros).
 
+Persistent grid (``ctas`` > 0): the grids above hold a CTA for every route (token), valid or not, and the
+hardware deals them to the SMs as they come; with a few valid routes among many (an EP rank's decode
+step) most CTAs exit at once and the working ones land unevenly. With ``ctas`` the grid is at most that
+many CTAs (one wave on the GPU the value was tuned for); every CTA compacts the routes (gate_up: the valid
+ones; down: the tokens with a valid route first, then the others, which get zeros) of each window of
+``32 * warps`` routes (tokens) into shared memory with a warp ballot, and takes the window's work units
+(route or token, row block, slice) ``blockIdx.x, blockIdx.x + gridDim.x, ...``. The units are the same as
+above, so the results are bit-identical to the one-CTA-per-unit grid.
+
 Programmatic dependent launch (``pdl``, down only): every gate/up CTA triggers its dependents at once, the
 down kernel is launched with the PDL attribute, and each down CTA, before ``griddepcontrol.wait``, reads its
 token's expert ids (written before the gate/up kernel started) and prefetches a quarter of every valid
@@ -39,7 +48,8 @@ Launch ABI: the grouped GEMM's (one op, one loader), with these meanings:
 [T*k] FP32 (down), ws, counters (unused), num_experts = local E, n, k, num_routes = T*k, top_k,
 max_tiles = expert_offset, num_splits = num_parts, stream)``. ``act`` is ``x [T, H]`` (gate_up) or
 ``h [T*k, I]`` (down, indexed by route); ``out`` is ``h`` or ``out [T, H]``, both in the compute dtype.
-Constraints: ``n % (64 X) == 0``, ``k % BK == 0`` (the packed layout's), ``1 <= num_parts``.
+Constraints: ``n % (64 X) == 0``, ``k % BK == 0`` (the packed layout's), ``1 <= num_parts``. The grid comes
+from these sizes (``__call__``): ``(4 n / (64 X), R or T)``, or ``(min(units, ctas),)`` when persistent.
 """
 
 from __future__ import annotations
@@ -458,45 +468,9 @@ class Sm90W4A16DecodeGemv:
         magic = Int32(ptx._u32(self.magic))
         sym = Int32(ptx._u32(self.sym_bias))
         xoff = (lane % 4) * 4
-        if const_expr(not cfg.pipe):
-            for b in cutlass.range(nbat, unroll=1):
-                bt = self._load_batch(wb, row, u0 + b * U, u1, t, q, xoff, pol)
-                self._mma_batch(acc, bt, magic, sym)
-        else:
-            # register double buffer: batch b + 1's loads are in flight while batch b is dequantized
-            # (past the part's end the loads are predicated off)
-            sizes = self._batch_sizes()
-            bufs = [cute.make_rmem_tensor((max(nv, 1),), Int32) for nv in sizes]
-            self._stash(bufs, self._load_batch(wb, row, u0, u1, t, q, xoff, pol))
-            for b in cutlass.range(nbat, unroll=1):
-                nxt = self._load_batch(wb, row, u0 + (b + 1) * U, u1, t, q, xoff, pol)
-                self._mma_batch(acc, self._unstash(bufs), magic, sym)
-                self._stash(bufs, nxt)
-
-    def _batch_sizes(self):
-        """Words per load batch: codes, scales, zero points, activations."""
-        U, X = self.U, self.X
-        return (U * X * 4, U * X * self.wpu, U * X * self.wpu if self.cfg.zero_point else 0, U * 8)
-
-    def _flat(self, bt):
-        codes, scl, bia, xw = bt
-        return ([v for ii in codes for x in ii for v in x], [v for ii in scl for x in ii for v in x],
-                [v for ii in bia for x in ii for v in x], [v for ii in xw for v in ii])
-
-    def _stash(self, bufs, bt):
-        for buf, vals in zip(bufs, self._flat(bt)):
-            for i, v in enumerate(vals):
-                buf[i] = v
-
-    def _unstash(self, bufs):
-        U, X = self.U, self.X
-        wz = self.wpu if self.cfg.zero_point else 0
-        cb, sb, bb, xb = bufs
-        codes = [[[cb[(ii * X + x) * 4 + j] for j in range(4)] for x in range(X)] for ii in range(U)]
-        scl = [[[sb[(ii * X + x) * self.wpu + j] for j in range(self.wpu)] for x in range(X)] for ii in range(U)]
-        bia = [[[bb[(ii * X + x) * wz + j] for j in range(wz)] for x in range(X)] for ii in range(U)]
-        xw = [[xb[ii * 8 + v] for v in range(8)] for ii in range(U)]
-        return codes, scl, bia, xw
+        for b in cutlass.range(nbat, unroll=1):
+            bt = self._load_batch(wb, row, u0 + b * U, u1, t, q, xoff, pol)
+            self._mma_batch(acc, bt, magic, sym)
 
     @cute.jit
     def _load_batch(self, wb, row, ub, u1, t, q, xoff, pol):

@@ -324,10 +324,11 @@ def decode_knobs(tokens: int, gpu: str, num_experts: int, hidden: int, intermedi
     return best
 
 
-def tuned_decode_knob_sets(scheme: Optional[str] = None) -> list:
-    """Every decode knob set the tuned table uses (for ``scheme`` only, when given)."""
+def tuned_decode_knob_sets(scheme: Optional[str] = None, dtype: Optional[str] = None) -> list:
+    """Every decode knob set the tuned table uses (for ``scheme`` / ``dtype`` only, when given: a table key
+    names both, so a set tuned for BF16 is never selected for an FP16 call)."""
     return sorted({kn for key, ent in _tuned_decode().items() for _, kn in ent.get("knobs", [])
-                   if scheme is None or f"|{scheme}|" in key})
+                   if (scheme is None or f"|{scheme}|" in key) and (dtype is None or f"|{dtype}|" in key)})
 
 
 def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str, top_k: int) -> str:
