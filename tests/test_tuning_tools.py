@@ -106,3 +106,18 @@ def test_tuner_rows_are_the_benchmarks_then_fresh_draws():
         assert all(torch.equal(a, b) for a, b in zip(rows[t][0], bench[t]))
         assert not torch.equal(rows[t][1][2], rows[t][2][2]) or not torch.equal(rows[t][1][0], rows[t][2][0])
     assert rows[3][0][0].shape == (3, 32)  # not a benchmark row: a fresh draw
+
+
+def test_benchmark_subset_rows_match_the_full_run():
+    """``bench --tokens 4`` measures the full benchmark's 4-token row (same draws), not a fresh one."""
+    import torch
+
+    from w4a16_moe.bench.workloads import SEED, Workload, benchmark_rows
+
+    wl = Workload("tiny", "", 16, 4, 32, 16, 2, "int4_g32", (1, 2, 4, 8))
+    full = benchmark_rows(wl, wl.tokens, torch.Generator().manual_seed(SEED), "cpu")
+    sub = benchmark_rows(wl, [8, 3, 2], torch.Generator().manual_seed(SEED), "cpu")
+    assert set(sub) == {8, 3, 2}
+    for t in (8, 2):
+        assert all(torch.equal(a, b) for a, b in zip(sub[t], full[t]))
+    assert sub[3][0].shape == (3, 32)

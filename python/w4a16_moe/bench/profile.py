@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from .run import _provider_fn, _time
-from .workloads import SEED, WORKLOADS, make_inputs, make_weights
+from .workloads import SEED, WORKLOADS, benchmark_rows, make_weights
 
 __all__ = ["profile_call", "main"]
 
@@ -64,8 +64,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ..kernels.cute import sm90_family as fam
 
     buckets = [None] if a.buckets is None else [int(b) for b in a.buckets.split(",")]
-    for t in (int(v) for v in a.tokens.split(",")):
-        x, tw, ids = make_inputs(wl, t, gen, dev)
+    tokens = [int(v) for v in a.tokens.split(",")]
+    data = benchmark_rows(wl, tokens, gen, dev)
+    for t in tokens:
+        x, tw, ids = data[t]
         for p in a.providers.split(","):
             for b in buckets:
                 with fam.forced(b):

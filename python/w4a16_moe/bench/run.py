@@ -26,7 +26,7 @@ import torch
 from .. import __version__
 from ..api import fused_moe
 from ..reference import reference_moe
-from .workloads import SEED, WORKLOADS, Workload, floor_us, make_inputs, make_weights
+from .workloads import SEED, WORKLOADS, Workload, benchmark_rows, floor_us, make_weights
 
 __all__ = ["run_bench", "PROVIDERS", "main"]
 
@@ -99,8 +99,10 @@ def run_bench(workload: str, providers: list[str], tokens: Optional[list[int]] =
             continue
         fns[p] = fn
     records = []
-    for t in tokens or wl.tokens:
-        x, tw, ids = make_inputs(wl, t, gen, dev)
+    tokens = list(tokens or wl.tokens)
+    data = benchmark_rows(wl, tokens, gen, dev)
+    for t in tokens:
+        x, tw, ids = data.pop(t)
         fl = floor_us(wl, weights, t, ids)
         ref = reference_moe(x, weights, tw, ids)
         row = {}
@@ -166,11 +168,19 @@ def _meta(wl: Workload) -> dict:
 
 
 def _git_revision() -> Optional[str]:
+    """``git rev-parse HEAD`` of the checkout, with ``+dirty`` when tracked files differ from it (a copied
+    tree, e.g. on a GPU machine, may carry an older ``.git``: set ``W4A16_MOE_REVISION`` there)."""
     import subprocess
 
+    here = os.path.dirname(__file__)
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=os.path.dirname(__file__)).stdout.strip() or None
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=here).stdout.strip()
+        if not rev:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=20, cwd=here).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
     except Exception:
         return None
 

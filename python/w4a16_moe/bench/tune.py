@@ -25,7 +25,7 @@ from ..api import fused_moe
 from ..kernels.cute import sm90_family as fam
 from ..reference import reference_moe
 from .run import _meta, _nrmse, _time
-from .workloads import SEED, WORKLOADS, make_inputs, make_weights
+from .workloads import SEED, WORKLOADS, benchmark_rows, make_inputs, make_weights
 
 __all__ = ["tune", "main"]
 
@@ -45,15 +45,11 @@ def _decode_trial(knobs: dict):
 
 
 def _rows(wl, tokens, routings: int, gen, dev) -> dict:
-    """``{T: [(x, topk_weights, topk_ids), ...]}``: the benchmark's row for every token count of the workload
-    (drawn in its order from ``gen``), then ``routings - 1`` more draws for each of ``tokens``."""
-    bench = {t: make_inputs(wl, t, gen, dev) for t in wl.tokens}
+    """``{T: [(x, topk_weights, topk_ids), ...]}``: the benchmark's row for each of ``tokens``
+    (:func:`~.workloads.benchmark_rows`), then ``routings - 1`` fresh draws."""
+    first = benchmark_rows(wl, tokens, gen, dev)
     extra = torch.Generator(device=dev).manual_seed(SEED + 1)
-    out = {}
-    for t in tokens:
-        first = bench[t] if t in bench else make_inputs(wl, t, extra, dev)
-        out[t] = [first] + [make_inputs(wl, t, extra, dev) for _ in range(routings - 1)]
-    return out
+    return {t: [first[t]] + [make_inputs(wl, t, extra, dev) for _ in range(routings - 1)] for t in tokens}
 
 
 def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print, splits=(None, 1, 2, 4, 8),

@@ -17,7 +17,8 @@ import torch
 from ..formats.schemes import get_scheme
 from ..formats.weights import MoEWeights, QuantizedMatrix
 
-__all__ = ["Workload", "WORKLOADS", "make_weights", "make_inputs", "floor_us", "SEED", "COPY_BW", "BF16_FLOPS"]
+__all__ = ["Workload", "WORKLOADS", "make_weights", "make_inputs", "benchmark_rows", "floor_us", "SEED", "COPY_BW",
+           "BF16_FLOPS"]
 
 SEED = 20260908
 COPY_BW = 4.3e12  # B/s, device-to-device copy measured on the H200 (bytes read + written)
@@ -77,6 +78,23 @@ def make_inputs(wl: Workload, tokens: int, gen: torch.Generator, device="cuda"):
     ids = scores.topk(wl.top_k, dim=1).indices.to(torch.int32)
     logits = torch.randn(tokens, wl.top_k, generator=gen, device=device)
     return x, torch.softmax(logits, dim=1), ids
+
+
+def benchmark_rows(wl: Workload, tokens, gen: torch.Generator, device="cuda") -> dict:
+    """``{T: (x, topk_weights, topk_ids)}`` for ``tokens``: a token count of the workload gets exactly the
+    full benchmark's row (every row drawn from ``gen`` in the workload's order, the unrequested ones
+    dropped), so a subset run (``--tokens``) measures the same data as the full run; other counts are drawn
+    afterwards, in the order given."""
+    want = list(tokens)
+    out = {}
+    for t in wl.tokens:
+        row = make_inputs(wl, t, gen, device)
+        if t in want:
+            out[t] = row
+    for t in want:
+        if t not in out:
+            out[t] = make_inputs(wl, t, gen, device)
+    return out
 
 
 def floor_us(wl: Workload, weights: MoEWeights, tokens: int, topk_ids: torch.Tensor, expert_offset: int = 0) -> dict:
