@@ -114,6 +114,23 @@ def test_deterministic_bitwise():
         assert torch.equal(again, out)
 
 
+def _replay_on_fresh_data(graph, w, x, tw, ids, out, *, bitwise: bool):
+    """Write fresh inputs into the captured buffers (two draws over 8 experts), replay ``graph`` with ``out``
+    poisoned, and check it against the reference and (``bitwise``) the eager deterministic call."""
+    t, k = ids.shape
+    for seed in (10, 11):
+        x.copy_(torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16))
+        tw2, ids2 = random_routing(t, k, 8, seed=seed, device="cuda")
+        tw.copy_(tw2)
+        ids.copy_(ids2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
+        if bitwise:
+            assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
+
+
 def test_cuda_graph_capture_and_replay():
     w = _weights("int4_g32", seed=8)
     k = 4
@@ -125,16 +142,7 @@ def test_cuda_graph_capture_and_replay():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             wm.fused_moe(x, w, tw, ids, backend="cute", out=out)
-        for seed in (10, 11):  # replay on fresh data written into the captured buffers
-            x.copy_(torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16))
-            tw2, ids2 = random_routing(t, k, 8, seed=seed, device="cuda")
-            tw.copy_(tw2)
-            ids.copy_(ids2)
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
-            assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
+        _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
 
 
 def test_first_use_inside_capture_raises():
@@ -220,17 +228,7 @@ def test_pdl_candidates_in_cuda_graph(bucket, finalize):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             wm.fused_moe(x, w, tw, ids, backend="cute", finalize=finalize, out=out)
-        for seed in (10, 11):
-            x.copy_(torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16))
-            tw2, ids2 = random_routing(t, k, 8, seed=seed, device="cuda")
-            tw.copy_(tw2)
-            ids.copy_(ids2)
-            out.fill_(float("nan"))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
-            if finalize == "deterministic":
-                assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
+        _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=finalize == "deterministic")
 
 
 def test_batch_invariant_mode(monkeypatch):

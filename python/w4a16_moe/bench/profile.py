@@ -17,11 +17,11 @@ import torch
 from .run import _provider_fn, _time
 from .workloads import SEED, WORKLOADS, benchmark_rows, make_weights
 
-__all__ = ["profile_call", "main"]
+__all__ = ["cuda_events", "profile_call", "main"]
 
 
-def profile_call(fn, calls: int = 20) -> list:
-    """``[(kernel name, launches per call, mean us)]`` of ``fn()`` over ``calls`` eager calls."""
+def cuda_events(fn, calls: int = 20) -> list:
+    """The CUDA kernel events of ``calls`` eager calls of ``fn()`` (after 3 warm-up calls), in launch order."""
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(3):
@@ -31,12 +31,17 @@ def profile_call(fn, calls: int = 20) -> list:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    return sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
+                  key=lambda ev: ev.time_range.start)
+
+
+def profile_call(fn, calls: int = 20) -> list:
+    """``[(kernel name, launches per call, mean us)]`` of ``fn()`` over ``calls`` eager calls."""
     total = defaultdict(float)
     count = defaultdict(int)
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA:
-            total[ev.name] += ev.device_time
-            count[ev.name] += 1
+    for ev in cuda_events(fn, calls):
+        total[ev.name] += ev.device_time
+        count[ev.name] += 1
     rows = [(name, count[name] / calls, total[name] / count[name]) for name in total]
     return sorted(rows, key=lambda r: -r[1] * r[2])
 

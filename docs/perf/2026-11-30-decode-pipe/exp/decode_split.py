@@ -10,6 +10,7 @@ import statistics
 
 import torch
 
+from w4a16_moe.bench.profile import cuda_events
 from w4a16_moe.bench.run import _nrmse, _provider_fn, _time
 from w4a16_moe.reference import reference_moe
 from w4a16_moe.bench.workloads import SEED, WORKLOADS, floor_us, make_inputs, make_weights
@@ -17,17 +18,7 @@ from w4a16_moe.kernels.cute import decode_family as dec
 
 
 def per_position(fn, calls=20):
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    evs = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
+    evs = cuda_events(fn, calls)
     per = len(evs) // calls
     cols = [[evs[c * per + i].device_time for c in range(calls)] for i in range(per)]
     return [(evs[i].name[:40], statistics.median(cols[i])) for i in range(per)]

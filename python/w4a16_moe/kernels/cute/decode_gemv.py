@@ -455,9 +455,7 @@ class Sm90W4A16DecodeGemv:
         """``acc`` = this warp's 16-row slice ``s`` of every m64 block times the activation row at ``row``
         over k64 units ``[p * per, min(units, (p + 1) * per))`` of the expert whose row block starts at
         ``wb`` (C fragment: ``acc[4x]`` row ``lane // 4``, ``acc[4x + 2]`` row ``lane // 4 + 8``)."""
-        X, C, U, BK = self.X, self.C, self.U, self.BK
-        cfg = self.cfg
-        g = cfg.group
+        U = self.U
         acc.fill(0.0)
         u0 = p * per
         u1 = cutlass.min(units, u0 + per)
