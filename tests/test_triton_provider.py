@@ -203,7 +203,7 @@ def test_all_routes_invalid(finalize):
 
 @pytest.mark.parametrize("finalize", FINALIZE)
 def test_multi_kernel_route_prep(monkeypatch, finalize):
-    """Force the memset + count/scan/scatter route preparation used for T*k > SMALL_ROUTES."""
+    """Force the two-kernel (histogram, place) route preparation used for T*k > SMALL_ROUTES."""
     monkeypatch.setattr(routing, "SMALL_ROUTES", 0)
     w = make_weights("int4_g32", 4, 96, 64, True)
     x, tw, ids = make_inputs(33, 96, 3, 4, offset=4, invalid=True, ids_dtype=torch.int64)
@@ -301,22 +301,31 @@ def _check_plan(ids: torch.Tensor, experts: int, offset: int, block_m: int) -> N
     assert (info[len(expect):, 0] == experts).all()
 
 
-@pytest.mark.parametrize("small", [True, False])
-@pytest.mark.parametrize("experts,tokens,top_k,block_m", [(4, 7, 2, 16), (5, 40, 3, 32), (3, 1, 1, 16)])
-def test_route_plan(monkeypatch, small, experts, tokens, top_k, block_m):
-    if not small:
+def _force_path(monkeypatch, path: str) -> None:
+    """``single``: the one-program kernel; ``two``: the histogram + place kernels; ``spans``: the same with
+    16-route chunks and at most 3 programs, so that programs own several chunks and each sums the others'
+    histogram rows."""
+    if path != "single":
         monkeypatch.setattr(routing, "SMALL_ROUTES", 0)
+    if path == "spans":
+        monkeypatch.setattr(routing, "_CHUNK", 16)
+        monkeypatch.setattr(routing, "_MAX_PROGRAMS", 3)
+
+
+@pytest.mark.parametrize("path", ["single", "two", "spans"])
+@pytest.mark.parametrize("experts,tokens,top_k,block_m", [(4, 7, 2, 16), (5, 40, 3, 32), (3, 1, 1, 16)])
+def test_route_plan(monkeypatch, path, experts, tokens, top_k, block_m):
+    _force_path(monkeypatch, path)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(-1, 2 * experts + 3, (tokens, top_k), generator=g).to(DEV)
     _check_plan(ids, experts, 3, block_m)
     _check_plan(ids.to(torch.int32), experts, 0, block_m)
 
 
-@pytest.mark.parametrize("small", [True, False])
-def test_route_plan_skewed(monkeypatch, small):
+@pytest.mark.parametrize("path", ["single", "two", "spans"])
+def test_route_plan_skewed(monkeypatch, path):
     """Many experts (E_PAD 512 -> 8 blocks per step) and one expert owning 25 row-blocks."""
-    if not small:
-        monkeypatch.setattr(routing, "SMALL_ROUTES", 0)
+    _force_path(monkeypatch, path)
     ids = torch.full((200, 2), 3 + 7, dtype=torch.int64)
     ids[::17, 1] = 3 + 299
     ids[5, 0] = -1
@@ -421,23 +430,25 @@ for arch in (90, 80):
                        BK=cd.block_k), arch, cd.num_warps, cd.num_stages)
             n += 2
     ids = dict(ids_ptr="*i64", num_routes="i32", expert_offset="i32", num_experts="i32")
+    pdl = arch >= 90  # griddepcontrol needs sm_90
     build(rt._route_prep_single_kernel, dict(ids, counts_ptr="*i32", cursor_ptr="*i32", sorted_ptr="*i32",
           route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32",
           zero_ptr="*i32", num_zero="i32"),
-          dict(BLOCK_M=16, E_PAD=512, CHUNK=1024, J_CHUNK=8), arch)
+          dict(BLOCK_M=16, E_PAD=512, CHUNK=1024, J_CHUNK=8, PDL=pdl), arch)
     build(rt._masked_prep_kernel, dict(masked_m_ptr="*i32", cap="i32", num_experts="i32", sorted_ptr="*i32",
           route_start_ptr="*i32", block_start_ptr="*i32", out_ptr="*bf16", H="i32"),
-          dict(BLOCK_M=8, BLOCK_E=32, ROWS=16, BLOCK_H=1024), arch)
-    build(rt._route_count_kernel, dict(ids, counts_ptr="*i32"), dict(CHUNK=1024), arch)
-    build(rt._route_scan_kernel, dict(counts_ptr="*i32", num_experts="i32", cursor_ptr="*i32",
-          route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
-          dict(BLOCK_M=64, E_PAD=16, J_CHUNK=16, CHUNK=1024), arch)
-    build(rt._route_scatter_kernel, dict(ids, cursor_ptr="*i32", sorted_ptr="*i32"), dict(CHUNK=1024), arch)
+          dict(BLOCK_M=8, BLOCK_E=32, ROWS=16, BLOCK_H=1024, PDL=pdl), arch)
+    for e_pad in (8, 512):  # few experts (histogram of 8 bins) and W1's 384
+        build(rt._route_hist_kernel, dict(ids, hist_ptr="*i32", span="i32", zero_ptr="*i32", num_zero="i32"),
+              dict(E_PAD=e_pad, CHUNK=1024, PDL=pdl), arch)
+        build(rt._route_place_kernel, dict(ids, hist_ptr="*i32", span="i32", cursor_ptr="*i32", sorted_ptr="*i32",
+              route_start_ptr="*i32", block_start_ptr="*i32", block_info_ptr="*i32", num_blocks="i32"),
+              dict(BLOCK_M=64, E_PAD=e_pad, CHUNK=1024, J_CHUNK=16, HIST_ROWS=4096 // e_pad, PDL=pdl), arch)
     for from_mask in (False, True):
         build(fz._finalize_kernel, dict(ybuf_ptr="*bf16", topk_w_ptr="*fp32", ids_ptr="*i32", valid_ptr="*u8",
               out_ptr="*bf16", H="i32", num_experts="i32", expert_offset="i32"),
-              dict(TOPK=8, FROM_MASK=from_mask, BLOCK_H=1024), arch)
-    n += 7
+              dict(TOPK=8, FROM_MASK=from_mask, BLOCK_H=1024, PDL=pdl), arch)
+    n += 8
 print("compiled", n)
 """
 
@@ -456,7 +467,7 @@ def test_kernels_compile_for_sm90_and_sm80():
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
     res = subprocess.run([sys.executable, "-c", _AOT_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "compiled 46" in res.stdout
+    assert "compiled 48" in res.stdout
 
 
 # --------------------------------------------------------------------------------------------------

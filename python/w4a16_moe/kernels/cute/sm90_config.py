@@ -52,8 +52,9 @@ class Sm90GemmConfig:
     # token-tile widths compiled into one kernel: TN, TN - 8, ..., TN - 8 * (tn_variants - 1); each tile runs
     # the narrowest WGMMA N that holds its routes (fewer padded MMA columns when experts get < TN routes)
     tn_variants: int = 1
-    # programmatic dependent launch: gate_up CTAs let the next kernel launch at once; the down kernel is
-    # launched with the PDL attribute and streams its first weight stages before griddepcontrol.wait
+    # programmatic dependent launch (both kernels launched with the PDL attribute): gate_up CTAs set up while
+    # the route preparation finishes, wait for it, then let the down kernel launch; the down kernel streams
+    # its first weight stages before griddepcontrol.wait and lets the finalize launch at once
     pdl: bool = False
     # k16 blocks per WGMMA group in the overlap schedule: decode that many blocks, one wgmma.fence, their
     # WGMMAs, one commit (fewer warpgroup-wide fences per K tile); must divide k_tile / 16

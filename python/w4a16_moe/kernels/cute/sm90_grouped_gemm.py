@@ -77,11 +77,16 @@ otherwise.
 producer gathers only those rows). The routing's token tile, the shared-memory plan and the staging tile
 stay those of ``TN``. Where experts get fewer routes than ``TN`` (W1 2048: ~43 per expert against TN 56) the
 tensor cores skip most of the padding columns; registers stay those of the widest variant.
-``pdl`` (programmatic dependent launch): the gate/up kernel executes ``griddepcontrol.launch_dependents`` at
-once, and the down kernel, launched with the PDL attribute, may start on SMs the gate/up grid's tail frees:
-its producer issues the first weight stages (which do not depend on h), then every thread executes
-``griddepcontrol.wait`` before reading h or writing anything. What it reads before that wait (the routing
-tables) was complete before the gate/up grid started, which was launched without PDL.
+``pdl`` (programmatic dependent launch; both kernels are launched with the PDL attribute): the gate/up
+kernel's CTAs set up their barriers while the route preparation finishes, then every thread executes
+``griddepcontrol.wait`` before reading the routing tables, then ``griddepcontrol.launch_dependents``. The down
+kernel may therefore start on SMs the gate/up grid's tail frees: its producer issues the first weight stages
+(which do not depend on h), then every thread executes ``griddepcontrol.wait`` before reading h or writing
+anything. What it reads before that wait (the routing tables) was complete before any gate/up CTA triggered
+it (each triggers only after its own wait). The down kernel triggers its dependents at once (the
+deterministic finalize, launched with PDL, waits for the whole down grid before reading y); launched after a
+kernel that does not trigger, either kernel starts when that kernel's CTAs have exited, and its wait
+returns when that grid's writes are visible.
 Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
 """
 
@@ -285,7 +290,7 @@ class Sm90W4A16GroupedGemm:
             grid=[(nb_count + self.RB - 1) // self.RB, max_tiles, num_splits],
             block=[self.threads, 1, 1],
             stream=stream,
-            use_pdl=self.cfg.pdl and self.cfg.mode == "down",
+            use_pdl=self.cfg.pdl,
             **self._occupancy_kwargs(),
         )
 
@@ -322,9 +327,9 @@ class Sm90W4A16GroupedGemm:
         nb0 = nbx * self.RB  # this CTA's row blocks: nb0 .. nb0 + nrb - 1
         nrb = cutlass.min(n // (64 * self.X) - nb0, self.RB)
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        if const_expr(self.cfg.pdl and self.cfg.mode == "gate_up"):
-            # every CTA of this grid has started: the down kernel (launched with PDL) may take SMs as they
-            # free up, and stream its weights while this grid's last CTAs finish
+        if const_expr(self.cfg.pdl and self.cfg.mode == "down"):
+            # every CTA of this grid has started: the finalize (launched with PDL) may take the SMs this
+            # grid's last CTAs free, and waits there for the whole grid before reading y
             cute.arch.griddepcontrol_launch_dependents()
 
         g_bs = cute.make_tensor(block_start, cute.make_layout(num_experts + 1))
@@ -349,6 +354,12 @@ class Sm90W4A16GroupedGemm:
                 cute.arch.mbarrier_init(empty0 + s, self.nepi)
             cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
+        if const_expr(self.cfg.pdl and self.cfg.mode == "gate_up"):
+            # launched with PDL: the route preparation may still run; its tables are complete and visible
+            # once the wait returns. Only then may the down kernel (launched with PDL) start: it reads the
+            # routing tables before its own wait
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         # which expert owns this tile: block_start[e] <= tile < block_start[e + 1], searched by all
         # threads in parallel (one round trip); no owner (tile >= block_start[E]) -> the CTA exits
         for e_ in cutlass.range(tidx, num_experts, self.threads, unroll=1):

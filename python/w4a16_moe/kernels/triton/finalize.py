@@ -6,6 +6,11 @@ never multiplied by zero. The sum runs in FP32 in the order ``j = 0 .. k-1`` wit
 result is bit-identical from run to run. Every element of ``out`` is written (zeros for tokens with no valid
 route). Grid: ``(T, cdiv(H, BLOCK_H))``. Validity comes from the ids (``triton_fused_moe``) or from a bool
 mask (``triton_combine_routes``, the expert-parallel combine), with the same arithmetic in both cases.
+
+On SM90 and later it is launched with programmatic dependent launch and executes ``griddepcontrol.wait``
+before reading anything: behind a kernel that triggers its dependents early (the SM90 down GEMM with its
+``pdl`` knob) its CTAs take the SMs that kernel's last CTAs free and are ready when its writes land; behind
+any other kernel it starts when that kernel's CTAs have exited, as without the attribute.
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+from .routing import pdl_supported
 
 __all__ = ["launch_finalize"]
 
@@ -23,8 +31,10 @@ _MAX_BLOCK_H = 1024
 
 @triton.jit(do_not_specialize=["expert_offset"])
 def _finalize_kernel(ybuf_ptr, topk_w_ptr, ids_ptr, valid_ptr, out_ptr, H, num_experts, expert_offset,
-                     TOPK: tl.constexpr, FROM_MASK: tl.constexpr, BLOCK_H: tl.constexpr):
+                     TOPK: tl.constexpr, FROM_MASK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     """Validity from the ids (``offset <= id < offset + E``) or, with FROM_MASK, from a uint8 mask ``[T, k]``."""
+    if PDL:
+        gdc_wait()  # launched with PDL: the previous kernel's writes (ybuf) are visible once this returns
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     col_ok = cols < H
@@ -57,5 +67,7 @@ def launch_finalize(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: torch.T
     ids = topk_ids if topk_ids is not None else ybuf
     block_h = min(_MAX_BLOCK_H, triton.next_power_of_2(hidden))
     grid = (tokens, triton.cdiv(hidden, block_h))
+    pdl = pdl_supported(out.device)
+    extra = {"launch_pdl": True} if pdl else {}
     _finalize_kernel[grid](ybuf, topk_weights, ids, valid_u8, out, hidden, num_experts, expert_offset,
-                           TOPK=top_k, FROM_MASK=from_mask, BLOCK_H=block_h, num_warps=4)
+                           TOPK=top_k, FROM_MASK=from_mask, BLOCK_H=block_h, PDL=pdl, num_warps=4, **extra)

@@ -2,7 +2,7 @@
 
 Launches per call (no host synchronization anywhere, so a call can be captured in a CUDA graph):
 
-* ``finalize="deterministic"``: route prep (1 kernel; a memset + 3 kernels when ``T*k > 4096``), gate/up GEMM,
+* ``finalize="deterministic"``: route prep (1 kernel; 2 when ``T*k > 4096``), gate/up GEMM,
   down GEMM into the per-route buffer, finalize kernel.
 * ``finalize="fused"``: route prep, memset of ``out``, gate/up GEMM, down GEMM with atomic adds (plain stores
   when top-k is 1).
