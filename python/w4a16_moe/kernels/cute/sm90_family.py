@@ -214,6 +214,19 @@ EXTRA_TILES = (
      "pdl": True, "mma_kblocks": 4},
     {**_up2(56, stages=5), **_pp_down(28, stages=12, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
+    # TRIAL (run 2)
+    {**_up2(56, stages=5), **_pp_down(28, stages=6, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
+     "pdl": True, "mma_kblocks": 4},
+    {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
+     "pdl": True, "mma_kblocks": 4, "down_mma_kblocks": 2},
+    {**_up2(56, stages=5), **_pp_down(14, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
+     "pdl": True, "mma_kblocks": 4},
+    {**_up2(56, stages=4), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
+     "pdl": True, "mma_kblocks": 4},
+    {**_up2(56, stages=6), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
+     "pdl": True, "mma_kblocks": 4},
+    {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
+     "down_mma_kblocks": 4},
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)
