@@ -208,25 +208,15 @@ EXTRA_TILES = (
     {**_W2_K64(48), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
     # the W1 2048 tiles of 63 with a BK 128 down GEMM: half the K tiles per row block (two instead of four), so
     # half the full-barrier waits and shared-memory word loads, and with four k16 blocks per group two groups
-    # per tile, whose decode overlaps the previous group's WGMMAs (BK 64 has one group per tile, and its
-    # decode waits for the previous tile's WGMMAs). Eight blocks per group (one per tile) spills. 8 / 12 stages
+    # per tile, whose decode overlaps the previous group's WGMMAs (at BK 64 a tile is one group, and its decode
+    # waits for all of the previous tile's WGMMAs). Measured (docs/perf/2026-11-30-pdl-chain, run 2, tuner mean
+    # over 3 routings on one H200): W1 2048 729.5 us (63) -> 713.8. Also measured there and not kept: 12 / 6
+    # down stages 725.7 / 715.0, 14 row blocks per CTA 723.1, 4 / 6 gate/up stages 713.2 / 719.0 (within the
+    # noise of 70), two k16 blocks per down group 714.3 (spills: eight blocks per group spill as well); for W1
+    # 1024, 62's tiles with this down GEMM (TN 32, three widths) 577.4 -> 549.1, but that down kernel spills
+    # two registers around its tile-width dispatch
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
-    {**_up2(56, stages=5), **_pp_down(28, stages=12, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
-     "pdl": True, "mma_kblocks": 4},
-    # TRIAL (run 2)
-    {**_up2(56, stages=5), **_pp_down(28, stages=6, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
-     "pdl": True, "mma_kblocks": 4},
-    {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
-     "pdl": True, "mma_kblocks": 4, "down_mma_kblocks": 2},
-    {**_up2(56, stages=5), **_pp_down(14, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
-     "pdl": True, "mma_kblocks": 4},
-    {**_up2(56, stages=4), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
-     "pdl": True, "mma_kblocks": 4},
-    {**_up2(56, stages=6), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
-     "pdl": True, "mma_kblocks": 4},
-    {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
-     "down_mma_kblocks": 4},
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)
