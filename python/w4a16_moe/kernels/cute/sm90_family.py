@@ -212,11 +212,15 @@ EXTRA_TILES = (
     # waits for all of the previous tile's WGMMAs). Measured (docs/perf/2026-11-30-pdl-chain, run 2, tuner mean
     # over 3 routings on one H200): W1 2048 729.5 us (63) -> 713.8. Also measured there and not kept: 12 / 6
     # down stages 725.7 / 715.0, 14 row blocks per CTA 723.1, 4 / 6 gate/up stages 713.2 / 719.0 (within the
-    # noise of 70), two k16 blocks per down group 714.3 (spills: eight blocks per group spill as well); for W1
-    # 1024, 62's tiles with this down GEMM (TN 32, three widths) 577.4 -> 549.1, but that down kernel spills
-    # two registers around its tile-width dispatch
+    # noise of 70), two k16 blocks per down group 714.3 (spilled then; eight blocks per group spill as well)
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
+    # the same BK 128 down GEMM with 62's tiles (W1 1024: TN 32, three widths). Measured in run 2 of
+    # docs/perf/2026-11-30-pdl-chain: 577.4 -> 549.1 us (tuner, 2 routings), with a kernel that then spilled two
+    # registers (the tile's first slot and route count, live across the width dispatch; the epilogue now
+    # re-derives them)
+    {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
+     "down_mma_kblocks": 4},
     # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
     # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
     # against 767.6 for 56 on the same machine)

@@ -388,11 +388,12 @@ class Sm90W4A16GroupedGemm:
                     cute.arch.griddepcontrol_wait()
                 ct = tidx % 128  # thread index inside its consumer warpgroup
                 cw = wg - 1
-                slot0 = g_rs[e] + (tile - g_bs[e]) * TN
-                count = cutlass.min(g_rs[e + 1] - slot0, TN)
+                # (each epilogue re-derives the tile's routes from the tables: kept live across the mainloops,
+                # they spilled in the widest kernels)
+                _, count = self._tile_routes(misc_addr, g_rs, g_bs, tile)
                 args = (ct, cw, b_layout, sB_ptr, sW_addr, full0, empty0, nk, stg_addr, misc_addr, out, g_routes,
-                        topk_weights, ws, counters, nb0, nrb, tile, split, n, num_routes, top_k, num_splits, slot0,
-                        count)
+                        topk_weights, ws, counters, nb0, nrb, tile, split, n, num_routes, top_k, num_splits, g_rs,
+                        g_bs)
                 # the narrowest compiled token-tile width that holds this tile's routes (the producer picks
                 # the same, see _tile_width)
                 NV = len(self.tns)
@@ -414,9 +415,9 @@ class Sm90W4A16GroupedGemm:
     @cute.jit
     def _consume(self, tn: cutlass.Constexpr, ct, cw, b_layout, sB_ptr, sW_addr, full0, empty0, nk, stg_addr,
                  misc_addr, out, g_routes, topk_weights, ws, counters, nb0, nrb, tile, split, n, num_routes, top_k,
-                 num_splits, slot0, count):
+                 num_splits, g_rs, g_bs):
         """A consumer warpgroup's whole share of the CTA (every row block's mainloop and epilogue) with WGMMA
-        N = ``tn`` (>= ``count``)."""
+        N = ``tn`` (>= the tile's route count)."""
         S = self.S
         tiled_mma = self._tiled_mma(tn)
         b_layout = self._b_layout_n(b_layout, tn)
@@ -424,7 +425,7 @@ class Sm90W4A16GroupedGemm:
             acc = self._mainloop(ct, cw, tn, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, 0, nk,
                                  Int32(S))
             self._epilogue(ct, cw, tn, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
-                           nb0, tile, split, n, num_routes, top_k, num_splits, slot0, count)
+                           nb0, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs)
         else:
             bmod = self._b_slots(nk)
             if const_expr(self.PP):
@@ -450,7 +451,7 @@ class Sm90W4A16GroupedGemm:
                             cute.arch.barrier_arrive(barrier_id=4 - cw, number_of_threads=256)
                     self._epilogue(ct, cw, tn, acc, stg, misc_addr, out, g_routes, topk_weights, ws,
                                    counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
-                                   slot0, count)
+                                   g_rs, g_bs)
             else:
                 # the ring sequence runs on across row blocks: block j's K tiles are j*nk .. j*nk+nk-1
                 for j in cutlass.range(nrb, unroll=1):
@@ -458,7 +459,7 @@ class Sm90W4A16GroupedGemm:
                                          j * nk, nk, bmod)
                     self._epilogue(ct, cw, tn, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
                                    counters, nb0 + j, tile, split, n, num_routes, top_k, num_splits,
-                                   slot0, count)
+                                   g_rs, g_bs)
 
     @cute.jit
     def _b_slots(self, nk):
@@ -491,6 +492,14 @@ class Sm90W4A16GroupedGemm:
         o = b_layout.outer
         shape = ((8, tn // 8), o.shape[1], o.shape[2])
         return cute.make_composed_layout(b_layout.inner, b_layout.offset, cute.make_layout(shape, stride=o.stride))
+
+    @cute.jit
+    def _tile_routes(self, misc_addr, g_rs, g_bs, tile):
+        """``(slot0, count)``: the first sorted-route slot of token tile ``tile`` and its number of routes
+        (expert from misc word 0)."""
+        e = ptx.ld_shared_b32(misc_addr)
+        slot0 = g_rs[e] + (tile - g_bs[e]) * self.TN
+        return slot0, cutlass.min(g_rs[e + 1] - slot0, self.TN)
 
     @cute.jit
     def _tile_width(self, count):
@@ -774,8 +783,9 @@ class Sm90W4A16GroupedGemm:
 
     @cute.jit
     def _epilogue(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
-                  nb, tile, split, n, num_routes, top_k, num_splits, slot0, count):
+                  nb, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs):
         cfg = self.cfg
+        slot0, count = self._tile_routes(misc_addr, g_rs, g_bs, tile)
         TN, XW, X = self.TN, self.XW, self.X
         rs = self.rs
         cols = self.cols
