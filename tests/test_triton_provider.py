@@ -332,6 +332,20 @@ def test_route_plan_skewed(monkeypatch, path):
     _check_plan(ids.to(DEV), 300, 3, 16)
 
 
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("path", ["single", "two", "spans"])
+@pytest.mark.parametrize("experts,tokens,top_k,block_m", [(8, 700, 8, 32), (384, 2048, 8, 56), (3, 5, 2, 16)])
+def test_route_plan_gpu(monkeypatch, path, experts, tokens, top_k, block_m):
+    """The plan's invariants on the GPU (compiled kernels; on SM90 launched with PDL), W1's 384 experts
+    included; several launches back to back on one stream, checked after each."""
+    _force_path(monkeypatch, path)
+    g = torch.Generator().manual_seed(tokens)
+    for offset in (0, 5):
+        ids = torch.randint(-1, experts + 2 * offset + 1, (tokens, top_k), generator=g).to(DEV)
+        _check_plan(ids, experts, offset, block_m)
+
+
 # --------------------------------------------------------------------------------------------------
 # masked (DeepEP low-latency) layout
 # --------------------------------------------------------------------------------------------------
