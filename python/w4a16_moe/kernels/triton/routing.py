@@ -31,14 +31,15 @@ Two implementations, chosen on the host from ``R = T * k`` (never from data):
      before its own (where its routes of each expert start), and scatters its span with atomics on a cursor
      row of its own; program 0 also writes ``route_start`` / ``block_start`` / ``block_info``.
 
-  Measured on the H200 at 16384 routes (W1 2048): the previous memset + count / scan / scatter kernels took
-  13.2 us of kernel time in four launches (docs/perf/2026-11-30-decode-pipe, run 8).
+  Measured on the H200 at 16384 routes (W1 2048): 3.4 + 5.8 us of kernel time (docs/perf/2026-11-30-pdl-chain,
+  run 1, eager, without PDL), where the previous memset + count / scan / scatter kernels took 13.2 us in
+  four launches (docs/perf/2026-11-30-decode-pipe, run 8).
 
 Scatter positions come from ``tl.atomic_add(cursor + e, 1)``, which hands distinct old values to the
 lanes of one vector even when they hit the same address; the order inside an expert is therefore
 arbitrary, which is harmless: every GEMM row is computed independently of its neighbours.
 
-Programmatic dependent launch (``pdl=True`` below; SM90 and later, never in the interpreter): the histogram
+Programmatic dependent launch (:func:`pdl_supported`: SM90 and later, never in the interpreter): the histogram
 kernel (or the single-program kernel) lets the next kernel launch at once; the place kernel is launched with
 the PDL attribute, executes ``griddepcontrol.wait`` before reading ``hist``, and lets the next kernel launch
 too. A GEMM launched with PDL after it must execute ``griddepcontrol.wait`` before reading the plan (the SM90
@@ -48,11 +49,10 @@ completed, as usual.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import functools
 import os
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
