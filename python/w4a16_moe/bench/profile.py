@@ -17,7 +17,7 @@ import torch
 from .run import _provider_fn, _time
 from .workloads import SEED, WORKLOADS, benchmark_rows, make_weights
 
-__all__ = ["cuda_events", "profile_call", "main"]
+__all__ = ["cuda_events", "kernels_in_order", "profile_call", "main"]
 
 
 def cuda_events(fn, calls: int = 20) -> list:
@@ -33,6 +33,17 @@ def cuda_events(fn, calls: int = 20) -> list:
         torch.cuda.synchronize()
     return sorted((ev for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA),
                   key=lambda ev: ev.time_range.start)
+
+
+def kernels_in_order(fn, calls: int = 20) -> list:
+    """``[(kernel name, median us)]`` of one call of ``fn()``, its kernels apart in launch order (kernels that
+    share a name, such as the two grouped GEMMs, are not merged as in :func:`profile_call`)."""
+    import statistics
+
+    evs = cuda_events(fn, calls)
+    per = len(evs) // calls
+    return [(evs[i].name[:40], statistics.median(evs[c * per + i].device_time for c in range(calls)))
+            for i in range(per)]
 
 
 def profile_call(fn, calls: int = 20) -> list:

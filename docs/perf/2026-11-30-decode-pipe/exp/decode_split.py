@@ -6,22 +6,14 @@ Eager calls under torch.profiler (CUDA activity); every call's kernels in launch
 With --ncu: one call per row and no profiler (run the script under ncu -k regex:Decode).
 """
 import argparse
-import statistics
 
 import torch
 
-from w4a16_moe.bench.profile import cuda_events
+from w4a16_moe.bench.profile import kernels_in_order
 from w4a16_moe.bench.run import _nrmse, _provider_fn, _time
 from w4a16_moe.reference import reference_moe
 from w4a16_moe.bench.workloads import SEED, WORKLOADS, floor_us, make_inputs, make_weights
 from w4a16_moe.kernels.cute import decode_family as dec
-
-
-def per_position(fn, calls=20):
-    evs = cuda_events(fn, calls)
-    per = len(evs) // calls
-    cols = [[evs[c * per + i].device_time for c in range(calls)] for i in range(per)]
-    return [(evs[i].name[:40], statistics.median(cols[i])) for i in range(per)]
 
 
 def main():
@@ -64,7 +56,7 @@ def main():
             if first is None:
                 first = out.clone()
             print(f"T={t} knobs={kn} nrmse={err:.4f} finite={bool(torch.isfinite(out).all())} vs first: {same}")
-            pos = per_position(call)
+            pos = kernels_in_order(call)
             g = _time(call)
             print(f"T={t} knobs={kn} routes={fl['local_routes']} experts={fl['experts_present']} "
                   f"floor_eff={fl['floor_eff_us']:.1f} graph={g:.1f} us ({g / fl['floor_eff_us']:.2f} x) | "

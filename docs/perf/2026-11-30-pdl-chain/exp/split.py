@@ -6,21 +6,13 @@ Eager calls under torch.profiler (the two grouped GEMMs share one kernel name, s
 with PDL a kernel's duration includes the time its CTAs spend in ``griddepcontrol.wait``.
 """
 import argparse
-import statistics
 
 import torch
 
-from w4a16_moe.bench.profile import cuda_events
+from w4a16_moe.bench.profile import kernels_in_order
 from w4a16_moe.bench.run import _provider_fn, _time
 from w4a16_moe.bench.workloads import SEED, WORKLOADS, benchmark_rows, make_weights
 from w4a16_moe.kernels.cute import sm90_family as fam
-
-
-def per_position(fn, calls=20):
-    evs = cuda_events(fn, calls)
-    per = len(evs) // calls
-    cols = [[evs[c * per + i].device_time for c in range(calls)] for i in range(per)]
-    return [(evs[i].name[:40], statistics.median(cols[i])) for i in range(per)]
 
 
 def main():
@@ -42,7 +34,7 @@ def main():
                 fn = _provider_fn("cute", wl, weights)
                 out = torch.empty_like(x)
                 call = (lambda fn=fn, x=x, tw=tw, ids=ids, out=out: fn(x, tw, ids, out=out))
-                pos = per_position(call)
+                pos = kernels_in_order(call)
                 graph = _time(call)
             print(f"{wl.name} T={t} bucket {b}: graph replay {graph:.1f} us; eager kernels: "
                   + ", ".join(f"{n} {us:.1f}" for n, us in pos))

@@ -150,6 +150,19 @@ def _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, blo
     return route_begin
 
 
+@triton.jit
+def _scatter_span(ids_ptr, start, end, expert_offset, num_experts, cursor_ptr, sorted_ptr, CHUNK: tl.constexpr):
+    """Write the valid routes ``start .. end - 1`` to ``sorted`` at positions handed out by atomics on
+    ``cursor_ptr[local expert]`` (set beforehand to where each expert's routes of this span start)."""
+    c0 = 0
+    while c0 < end - start:
+        offs = start + c0 + tl.arange(0, CHUNK)
+        c0 += CHUNK
+        local, valid = _local_experts(ids_ptr, offs, end, expert_offset, num_experts)
+        pos = tl.atomic_add(cursor_ptr + local, 1, mask=valid, sem="relaxed")
+        tl.store(sorted_ptr + pos, offs, mask=valid)
+
+
 # --------------------------------------------------------------------------------------------------
 # Kernels
 # --------------------------------------------------------------------------------------------------
@@ -186,13 +199,7 @@ def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, c
     # atomic write: the scatter phase updates the cursors with atomics (at L2), possibly from other threads
     tl.atomic_xchg(cursor_ptr + lane, route_begin, mask=lane < num_experts, sem="relaxed")
     tl.debug_barrier()
-    start = 0
-    while start < num_routes:
-        offs = start + tl.arange(0, CHUNK)
-        start += CHUNK
-        local, valid = _local_experts(ids_ptr, offs, num_routes, expert_offset, num_experts)
-        pos = tl.atomic_add(cursor_ptr + local, 1, mask=valid, sem="relaxed")
-        tl.store(sorted_ptr + pos, offs, mask=valid)
+    _scatter_span(ids_ptr, 0, num_routes, expert_offset, num_experts, cursor_ptr, sorted_ptr, CHUNK)
 
 
 @triton.jit(do_not_specialize=["num_routes", "expert_offset", "span", "num_zero"])
@@ -255,14 +262,8 @@ def _route_place_kernel(ids_ptr, num_routes, expert_offset, num_experts, hist_pt
         _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, block_info_ptr, num_blocks,
                     BLOCK_M, J_CHUNK, CHUNK)
     tl.debug_barrier()
-    start = p * span
-    end = tl.minimum(start + span, num_routes)
-    while start < end:
-        offs = start + tl.arange(0, CHUNK)
-        start += CHUNK
-        local, valid = _local_experts(ids_ptr, offs, end, expert_offset, num_experts)
-        pos = tl.atomic_add(cursor + local, 1, mask=valid, sem="relaxed")
-        tl.store(sorted_ptr + pos, offs, mask=valid)
+    _scatter_span(ids_ptr, p * span, tl.minimum(p * span + span, num_routes), expert_offset, num_experts, cursor,
+                  sorted_ptr, CHUNK)
 
 
 # --------------------------------------------------------------------------------------------------
