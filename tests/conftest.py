@@ -16,6 +16,28 @@ except ImportError:  # pragma: no cover
 HAS_CUDA = torch.cuda.is_available()
 
 
+@pytest.fixture
+def monkeypatch(monkeypatch):
+    """pytest's ``monkeypatch``, whose ``setenv`` / ``delenv`` (and its undo) also refresh
+    :mod:`w4a16_moe.settings`, so a test that changes a ``W4A16_MOE_*`` variable is seen by the package."""
+    from w4a16_moe import settings
+
+    setenv, delenv = monkeypatch.setenv, monkeypatch.delenv
+
+    def _setenv(name, value, prepend=None):
+        setenv(name, value, prepend)
+        settings.refresh()
+
+    def _delenv(name, raising=True):
+        delenv(name, raising)
+        settings.refresh()
+
+    monkeypatch.setenv, monkeypatch.delenv = _setenv, _delenv
+    yield monkeypatch
+    monkeypatch.undo()
+    settings.refresh()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
 

@@ -495,6 +495,9 @@ def _race_worker(cache: str, barrier, q) -> None:
     os.environ["W4A16_MOE_CACHE_DIR"] = cache
     os.environ["W4A16_MOE_SELFTEST_COMPILE_DELAY"] = "1.5"
     try:
+        from w4a16_moe import settings
+
+        settings.refresh()  # a forked worker inherits the parent's snapshot
         from w4a16_moe.loader import jit_cache as jc
         from w4a16_moe.loader.selftest_kernel import selftest_spec as ss
 

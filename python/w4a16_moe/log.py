@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 __all__ = ["logger"]
 
@@ -11,7 +10,9 @@ logger = logging.getLogger("w4a16_moe")
 
 
 def _configure() -> None:
-    level = os.environ.get("W4A16_MOE_LOG", "").strip().upper()
+    from . import settings
+
+    level = settings.get().log.upper()
     if not level:
         return
     logger.setLevel(getattr(logging, level, logging.INFO))

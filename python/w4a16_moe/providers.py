@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from . import settings
 from .device import DeviceInfo, probe
 from .log import logger
 from .validate import MaskedCall, MoECall
@@ -56,11 +57,7 @@ def resolve_backend(backend: object) -> str:
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
     if backend == "auto":
-        env = os.environ.get("W4A16_MOE_BACKEND", "").strip()
-        if env:
-            if env not in BACKENDS:
-                raise ValueError(f"W4A16_MOE_BACKEND: expected one of {BACKENDS}, got {env!r}")
-            return env
+        return settings.get().backend
     return backend
 
 

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import settings
 from .. import __version__
 from ..api import fused_moe
 from ..reference import reference_moe
@@ -155,7 +156,7 @@ def _meta(wl: Workload) -> dict:
         "workload": wl.name,
         "description": wl.description,
         "command": " ".join(["python -m w4a16_moe"] + sys.argv[1:]),
-        "revision": os.environ.get("W4A16_MOE_REVISION") or _git_revision(),
+        "revision": settings.get().revision or _git_revision(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name(),
         "versions": {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 LOGGER_NAME = "w4a16_moe"
 _configured = False
@@ -22,7 +21,9 @@ def get_logger() -> logging.Logger:
             pass
     if not _configured:
         _configured = True
-        level = os.environ.get("W4A16_MOE_LOG", "").strip()
+        from .. import settings
+
+        level = settings.get().log
         if level:
             lv = int(level) if level.isdigit() else logging.getLevelName(level.upper())
             if isinstance(lv, int):

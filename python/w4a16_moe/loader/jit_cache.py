@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .. import settings
 from ._log import get_logger
 from .spec import KernelSpec, check_arch, family_source_hash
 
@@ -71,7 +72,7 @@ class JitDisabledError(KernelNotAvailableError):
 
 
 def jit_disabled() -> bool:
-    return os.environ.get("W4A16_MOE_DISABLE_JIT", "").strip().lower() in ("1", "true", "yes", "on")
+    return settings.get().disable_jit
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -102,7 +103,7 @@ def source_checkout_root() -> Optional[Path]:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("W4A16_MOE_CACHE_DIR")
+    env = settings.get().cache_dir
     if env:
         return Path(env).expanduser()
     root = source_checkout_root()
@@ -113,7 +114,7 @@ def cache_dir() -> Path:
 
 
 def cache_dir_source() -> str:
-    if os.environ.get("W4A16_MOE_CACHE_DIR"):
+    if settings.get().cache_dir:
         return "W4A16_MOE_CACHE_DIR"
     return "source checkout" if source_checkout_root() is not None else "user cache"
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from .. import settings
 from ._log import get_logger
 from .spec import KernelSpec
 
@@ -45,7 +46,7 @@ MANIFEST_FORMAT_VERSION = 1
 
 
 def prebuilt_dir() -> Path:
-    env = os.environ.get("W4A16_MOE_PREBUILT_DIR")
+    env = settings.get().prebuilt_dir
     if env:
         return Path(env).expanduser()
     return Path(__file__).resolve().parent.parent / "_prebuilt"

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from .. import settings
+
 __all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disassemble", "opcode_counts", "check_opcodes",
            "local_memory", "check_dir", "main"]
 
@@ -114,7 +116,7 @@ def extract_cubins(data: bytes) -> list:
 def find_nvdisasm() -> Path:
     """Path of an ``nvdisasm`` executable (see the module docstring), or :class:`SassToolError`."""
     cands = []
-    env = os.environ.get("W4A16_MOE_NVDISASM")
+    env = settings.get().nvdisasm
     if env:
         cands.append(Path(env))
     w = shutil.which("nvdisasm")

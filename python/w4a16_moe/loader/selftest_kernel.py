@@ -23,9 +23,9 @@ Importing this module does not import ``cutlass``; the DSL code is built on firs
 # NOTE: no `from __future__ import annotations`: the DSL needs evaluated annotations of the nested functions.
 
 import functools
-import os
 import time
 
+from .. import settings
 from .spec import KernelSpec, check_arch
 
 FAMILY = "selftest_axpy"
@@ -102,7 +102,7 @@ def compile_selftest_axpy(spec: KernelSpec, arch: str):
     threads, bias, api = int(p["threads"]), bool(p["bias"]), str(p["api"])
     if not (32 <= threads <= 1024 and threads % 32 == 0):
         raise ValueError(f"selftest_axpy: threads must be a multiple of 32 in [32, 1024], got {threads}")
-    delay = float(os.environ.get("W4A16_MOE_SELFTEST_COMPILE_DELAY", "0") or 0)
+    delay = settings.get().selftest_compile_delay
     if delay > 0:  # test hook: widen the window in which concurrent builders race for the cache lock
         time.sleep(delay)
     fn = _build(threads, bias, api)

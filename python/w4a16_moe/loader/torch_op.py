@@ -30,6 +30,7 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from .. import settings
 from ._log import get_logger
 
 __all__ = ["LIB_NAME", "OP_NAMESPACE", "GEMM_ARGS", "find_library", "build_library", "load", "describe",
@@ -83,7 +84,7 @@ def _cache_entry(src: Path) -> Path:
 def find_library() -> tuple:
     """``(path or None, how)``: where the op library is (see the module docstring), without loading or
     building it; ``how`` says which rule matched or why none did."""
-    env = os.environ.get("W4A16_MOE_TORCH_OP_LIB")
+    env = settings.get().torch_op_lib
     if env:
         p = Path(env).expanduser()
         return (p, "W4A16_MOE_TORCH_OP_LIB") if p.is_file() else (None, f"W4A16_MOE_TORCH_OP_LIB={env} does not exist")
@@ -134,7 +135,7 @@ def build_library(out: Optional[Path] = None) -> Path:
 
 
 def _disabled() -> bool:
-    return os.environ.get("W4A16_MOE_TORCH_OP", "").strip().lower() in ("0", "false", "no", "off")
+    return not settings.get().torch_op
 
 
 def load() -> tuple:

@@ -19,9 +19,9 @@ This module imports neither ``cutlass`` nor the kernel module.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Iterable, Optional
 
+from ... import settings
 from ...loader.spec import KernelSpec, config_codec
 from . import sm90_family
 from .sm90_family import group_param  # the decode kernels read the SM90 layout: same group convention
@@ -116,10 +116,7 @@ def num_parts(cfg, k: int) -> int:
 
 
 def mode() -> str:
-    v = os.environ.get("W4A16_MOE_CUTE_DECODE", "auto") or "auto"
-    if v not in ("auto", "0", "1"):
-        raise ValueError(f"W4A16_MOE_CUTE_DECODE: expected auto, 0 or 1, got {v!r}")
-    return v
+    return settings.get().cute_decode
 
 
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> bool:

@@ -36,6 +36,7 @@ from typing import Optional
 
 import torch
 
+from ... import settings
 from ...device import DeviceInfo
 from . import sm90_family as fam
 
@@ -48,10 +49,8 @@ _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 def _kernels_available(arch: str) -> Optional[str]:
     """None when kernels can be had (prebuilt manifest for arch, or the CuTe DSL for JIT), else why not.
     Cached per arch and the environment that decides it (this runs on every call)."""
-    import os
-
-    return _kernels_available_cached(arch, os.environ.get("W4A16_MOE_PREBUILT_DIR"),
-                                     os.environ.get("W4A16_MOE_DISABLE_JIT"))
+    s = settings.get()
+    return _kernels_available_cached(arch, s.prebuilt_dir, s.disable_jit)
 
 
 @functools.lru_cache(maxsize=None)
@@ -120,11 +119,7 @@ class Family:
 
 def family_for(info: DeviceInfo) -> "tuple[Optional[Family], Optional[str]]":
     """``(family, None)`` for a CUDA device, or ``(None, why not)``."""
-    import os
-
-    forced = os.environ.get("W4A16_MOE_CUTE_FAMILY", "auto") or "auto"
-    if forced not in ("auto", "sm90", "warp"):
-        raise ValueError(f"W4A16_MOE_CUTE_FAMILY: expected auto, sm90 or warp, got {forced!r}")
+    forced = settings.get().cute_family
     arch = info.arch
     sm90 = info.capability[0] == 9
     if forced == "sm90" or (forced == "auto" and sm90):
@@ -193,9 +188,7 @@ def batch_invariant() -> bool:
     """``W4A16_MOE_BATCH_INVARIANT=1``: deterministic calls never split K, so a route's result does not
     depend on the batch it came in (what lets expert parallelism reproduce one GPU bit for bit), at the
     cost of small-batch speed. Default: split-K allowed (still bit-identical run to run)."""
-    import os
-
-    return os.environ.get("W4A16_MOE_BATCH_INVARIANT", "0") not in ("", "0")
+    return settings.get().batch_invariant
 
 
 def _max_tiles(num_routes: int, num_experts: int, tn: int) -> int:

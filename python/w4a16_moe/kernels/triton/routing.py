@@ -58,6 +58,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from ... import settings
 
 __all__ = ["RoutePlan", "prepare_routes", "prepare_masked_routes", "num_row_blocks", "pdl_supported",
            "SMALL_ROUTES"]
@@ -292,7 +293,7 @@ def pdl_supported(device: torch.device) -> bool:
     interpreter), and ``W4A16_MOE_PDL`` not ``0`` (which turns it off, e.g. to measure what it gains)."""
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
-    if os.environ.get("W4A16_MOE_PDL", "1") == "0":
+    if not settings.get().pdl:
         return False
     return _pdl_capable(device.index if device.index is not None else torch.cuda.current_device())
 
