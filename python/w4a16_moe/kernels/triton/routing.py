@@ -174,8 +174,9 @@ def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, c
                               BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, CHUNK: tl.constexpr,
                               J_CHUNK: tl.constexpr, PDL: tl.constexpr):
     """Whole preparation in one program. ``tl.debug_barrier`` (bar.sync) orders the phases' global
-    memory traffic inside the CTA; counts and cursors are only ever written and read with atomics
-    (performed at L2), so no thread can see a stale L1 line. Also zeroes ``zero_ptr[:num_zero]``."""
+    memory traffic inside the CTA; counts and cursors are initialized with stores that bypass L1 (``.cg``) and
+    afterwards only read and updated with atomics (performed at L2), so no thread can see a stale L1 line.
+    Also zeroes ``zero_ptr[:num_zero]``."""
     if PDL:
         gdc_launch_dependents()  # a GEMM launched with PDL sets up, then waits for this grid
     zstart = 0
@@ -184,7 +185,9 @@ def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, c
         zstart += CHUNK
         tl.store(zero_ptr + zoffs, tl.zeros([CHUNK], tl.int32), mask=zoffs < num_zero)
     lane = tl.arange(0, E_PAD)
-    tl.atomic_xchg(counts_ptr + lane, tl.zeros([E_PAD], tl.int32), mask=lane < num_experts, sem="relaxed")
+    # plain stores at L2 (.cg), ordered before the atomics below by the barrier: an atomic exchange would
+    # read the uninitialized workspace (compute-sanitizer initcheck)
+    tl.store(counts_ptr + lane, tl.zeros([E_PAD], tl.int32), mask=lane < num_experts, cache_modifier=".cg")
     tl.debug_barrier()
     start = 0
     while start < num_routes:
@@ -197,8 +200,8 @@ def _route_prep_single_kernel(ids_ptr, num_routes, expert_offset, num_experts, c
     counts = tl.where(lane < num_experts, counts, 0)
     route_begin = _write_plan(counts, lane, num_experts, route_start_ptr, block_start_ptr, block_info_ptr,
                               num_blocks, BLOCK_M, J_CHUNK, CHUNK)
-    # atomic write: the scatter phase updates the cursors with atomics (at L2), possibly from other threads
-    tl.atomic_xchg(cursor_ptr + lane, route_begin, mask=lane < num_experts, sem="relaxed")
+    # written at L2 (.cg): the scatter phase updates the cursors with atomics (at L2) from other threads
+    tl.store(cursor_ptr + lane, route_begin, mask=lane < num_experts, cache_modifier=".cg")
     tl.debug_barrier()
     _scatter_span(ids_ptr, 0, num_routes, expert_offset, num_experts, cursor_ptr, sorted_ptr, CHUNK)
 
