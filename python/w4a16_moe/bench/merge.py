@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import sys
 from typing import Optional
@@ -94,6 +95,9 @@ def peer_records(res: dict, date: Optional[str] = None, source_file: Optional[st
                 d["provider"] = r["provider"]
             if r.get("error"):
                 d["error"] = r["error"]
+            if d["nrmse"] is not None and not math.isfinite(d["nrmse"]):
+                d.setdefault("error", f"non-finite output or reference (NRMSE {d['nrmse']})")
+                d["nrmse"] = None  # JSON has no nan / inf
             out.append(d)
     texts = []
     for n, why in (res.get("skipped") or {}).items():

@@ -2,7 +2,8 @@
 table and a plot. No torch here: the merge tool and the tests use it on any machine.
 
 A record is a dict with at least :data:`REQUIRED` (``median_us`` None when the implementation did not pass
-the NRMSE check or failed; ``nrmse`` None when it failed before an output): ::
+the NRMSE check or failed; ``nrmse`` None when it failed before an output or the output was not finite,
+``error`` then says which): ::
 
     {"layer": "deepseek-ep8", "tokens": 8, "impl": "w4a16_moe", "median_us": 56.8, "floor_eff_us": 31.7,
      "nrmse": 0.0049, "device": "NVIDIA H200", "revision": "0266000...", ...}
@@ -131,7 +132,7 @@ def _cell(r: Optional[dict]) -> str:
     if r.get("median_us") is not None:
         return f"{r['median_us']:.1f}{marks} ({r['median_us'] / r['floor_eff_us']:.2f}x)"
     nr = r.get("nrmse")
-    if _num(nr) and not nr < NRMSE_LIMIT:
+    if (_num(nr) and not nr < NRMSE_LIMIT) or "NRMSE" in (r.get("error") or ""):
         return "FAIL"  # did not pass the NRMSE check: not timed
     return "ERR" if r.get("error") else "n/t"
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -179,6 +180,9 @@ def _record(wl: Workload, meta: dict, tokens: int, provider: str, fl: dict, medi
     }
     if error:
         r["error"] = error
+    if nrmse is not None and not math.isfinite(nrmse):
+        r["nrmse"] = None  # JSON has no nan / inf; the error says why
+        r.setdefault("error", f"non-finite output (NRMSE {nrmse})")
     return r
 
 
