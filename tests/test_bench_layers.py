@@ -356,3 +356,28 @@ def test_merge_reads_older_bench_json(tmp_path):
     p.write_text(json.dumps(old))
     recs, _ = merge.load(str(p))
     assert (recs[0]["layer"], recs[0]["impl"], recs[0]["revision"]) == ("kimi-tp8", "w4a16_moe", "15a6e92")
+
+
+# ------------------------------------------------------------------------------------------ the whole run
+@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
+def test_run_bench_off_the_gpu(tmp_path, activation):
+    """``run_bench`` on the CPU with a stand-in timer: dense_bf16 passes the NRMSE check and is timed in
+    alternating order, GPU providers are reported as errors; the records, markdown and JSON writers agree."""
+    from w4a16_moe.bench.run import run_bench, write_markdown
+
+    wl, _ = build_workload(layer="4,256,128,2,8", group=32, activation=activation)
+    ticks = iter(range(1000))
+    res = run_bench(wl, ["cute", "dense-bf16"], [3, 16], device="cpu", log=lambda m: None,
+                    timer=lambda fn: (fn(), 10.0 + next(ticks))[1])
+    recs = records.check_records(res["records"])
+    assert [(r["tokens"], r["impl"]) for r in recs] == [(3, "w4a16_moe"), (3, "dense_bf16"), (16, "w4a16_moe"),
+                                                         (16, "dense_bf16")]
+    dense = [r for r in recs if r["impl"] == "dense_bf16"]
+    assert all(r["nrmse"] < 0.02 and len(r["samples_us"]) == 3 and r["device"] == "cpu" for r in dense)
+    assert [r["median_us"] for r in dense] == [11.0, 14.0]
+    assert all(r["median_us"] is None and "CUDA" in r["error"] for r in recs if r["impl"] == "w4a16_moe")
+    records.write_json(recs, str(tmp_path / "r.json"))
+    assert json.loads((tmp_path / "r.json").read_text()) == recs
+    write_markdown(res, str(tmp_path / "r.md"))
+    md = (tmp_path / "r.md").read_text()
+    assert "| 16 |" in md and "ERR" in md and "command:" in md

@@ -103,15 +103,16 @@ def _time(fn: Callable[[], object]) -> float:
 
 
 def run_bench(workload: "str | Workload", providers: list[str], tokens: Optional[list[int]] = None,
-              samples: int = 3, log=print) -> dict:
+              samples: int = 3, log=print, device: str = "cuda", timer: Optional[Callable] = None) -> dict:
     """Measure ``workload`` (a :data:`WORKLOADS` name or a :class:`Workload`) at ``tokens`` (default: its
     rows). Returns ``{"meta": ..., "records": [...]}`` (records: :mod:`.records`' schema, one per row and
-    provider that ran)."""
+    provider that ran). ``device`` and ``timer`` (default :func:`_time`) are for tests off the GPU."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
-    dev = torch.device("cuda")
+    dev = torch.device(device)
+    timer = timer or _time
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
-    meta = _meta(wl)
+    meta = _meta(wl, None if dev.type == "cuda" else str(dev))
     fns = {}
     for p in providers:
         fn = _provider_fn(p, wl, weights)
@@ -131,7 +132,8 @@ def run_bench(workload: "str | Workload", providers: list[str], tokens: Optional
             out = torch.full_like(x, float("nan"))
             try:
                 got = fn(x, tw, ids) if p == "dense-bf16" else fn(x, tw, ids, out=out)
-                torch.cuda.synchronize()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
                 err = _nrmse(got, ref)
                 ok = bool(torch.isfinite(got).all()) and err < NRMSE_LIMIT
             except Exception as exc:  # a provider that cannot run a row is reported, not fatal
@@ -147,7 +149,7 @@ def run_bench(workload: "str | Workload", providers: list[str], tokens: Optional
                 fn = fns[p]
                 out = torch.empty_like(x)
                 call = (lambda fn=fn: fn(x, tw, ids)) if p == "dense-bf16" else (lambda fn=fn, out=out: fn(x, tw, ids, out=out))
-                row[p]["samples"].append(_time(call))
+                row[p]["samples"].append(timer(call))
         for p in fns:
             if p in row:
                 r = row[p]
@@ -186,7 +188,7 @@ def _record(wl: Workload, meta: dict, tokens: int, provider: str, fl: dict, medi
     return r
 
 
-def _meta(wl: Workload) -> dict:
+def _meta(wl: Workload, device_name: Optional[str] = None) -> dict:
     import importlib.metadata as md
 
     def ver(name: str) -> Optional[str]:
@@ -205,7 +207,7 @@ def _meta(wl: Workload) -> dict:
         "command": " ".join(["python -m w4a16_moe"] + sys.argv[1:]),
         "revision": settings.get().revision or _git_revision(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
+        "device": device_name or torch.cuda.get_device_name(),
         "versions": {
             "w4a16_moe": __version__, "torch": torch.__version__, "triton": ver("triton"),
             "nvidia-cutlass-dsl": ver("nvidia-cutlass-dsl"), "python": platform.python_version(),
