@@ -70,10 +70,11 @@ for spec in "${presets[@]}"; do
     continue
   fi
   echo "[gpu_presets] $spec: ${left} s left"
+  touch "$WORK/.mark"
   OUT=$WORK/raw PEERS_LIMIT_S=$LIMIT bash .device/peers/bin/device_run.sh "${args[@]}" ${extra[@]+"${extra[@]}"}
   r=$?
   [ "$r" -ne 0 ] && rc=$r
-  latest=$(ls -t "$WORK"/raw/*.json 2>/dev/null | head -n 1)
+  latest=$(find "$WORK/raw" -name '*.json' -newer "$WORK/.mark" 2>/dev/null | head -n 1)
   "$PY" - "$spec" "$name" "$r" "$latest" >> "$summary" <<'EOF'
 import json, sys
 spec, name, rc, path = sys.argv[1:5]

@@ -3,6 +3,7 @@ generation, the record schema, the markdown writer and the merge tool (on synthe
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -149,13 +150,15 @@ def _targets_md_generation(wl, tokens, device="cpu"):
     rows = {}
     for t in tokens:
         x = torch.randn(t, wl.hidden, generator=gen, device=device).to(torch.bfloat16)
-        ids = torch.rand(t, wl.global_experts, generator=gen, device=device).topk(wl.top_k, dim=1).indices.to(torch.int32)
+        scores = torch.rand(t, wl.global_experts, generator=gen, device=device)
+        ids = scores.topk(wl.top_k, dim=1).indices.to(torch.int32)
         tw = torch.softmax(torch.randn(t, wl.top_k, generator=gen, device=device), dim=1)
         rows[t] = (x, tw, ids)
     return w13, w2, rows
 
 
-@pytest.mark.parametrize("layer, group, like", [("24,256,64,4", 32, "kimi-tp8"), ("4,256,256,4,32", 128, "deepseek-ep8")])
+@pytest.mark.parametrize("layer, group, like", [("24,256,64,4", 32, "kimi-tp8"),
+                                               ("4,256,256,4,32", 128, "deepseek-ep8")])
 def test_layer_data_is_the_workload_generation(layer, group, like):
     """A small ``--layer`` shaped like W1 (many small experts, g32) or W2 (an EP rank, g128) gets exactly the
     targets.md data generation (same function as W1/W2)."""
@@ -181,7 +184,6 @@ def test_layer_data_is_the_workload_generation(layer, group, like):
 
 def test_fp16_and_other_schemes_draw_the_same_numbers():
     wl = Workload("t", "", 8, 8, 256, 128, 2, "int4_g32", (1, 5))
-    import dataclasses
 
     g1, g2 = torch.Generator().manual_seed(SEED), torch.Generator().manual_seed(SEED)
     a, b = make_weights(wl, g1, "cpu"), make_weights(dataclasses.replace(wl, dtype="fp16"), g2, "cpu")
@@ -192,7 +194,8 @@ def test_fp16_and_other_schemes_draw_the_same_numbers():
     assert xb.dtype == torch.float16 and torch.allclose(xa.float(), xb.float(), rtol=1e-2, atol=1e-2)
     rms = a.dequantize()[0].pow(2).mean().sqrt().item()
     for sch, act in (("int4_g64_zp", "swiglu"), ("int4_channel", "swiglu"), ("nvfp4", "geglu"), ("mxfp4", "relu2")):
-        w = make_weights(dataclasses.replace(wl, scheme=sch, activation=act), torch.Generator().manual_seed(SEED), "cpu")
+        w = make_weights(dataclasses.replace(wl, scheme=sch, activation=act), torch.Generator().manual_seed(SEED),
+                         "cpu")
         w13 = w.dequantize()[0]
         assert w13.shape[1] == (256 if act != "relu2" else 128)
         assert 0.6 < w13.pow(2).mean().sqrt().item() / rms < 1.6, sch
@@ -275,7 +278,8 @@ def _synthetic_peer_json():
         "tool": "peer_bench",
         "layer": {"E_local": 20, "E_global": 160, "H": 5120, "I": 1536, "topk": 8, "g": 128, "preset": "glm45-ep8",
                   "what": "GLM-4.5", "name": "glm45-ep8", "dtype": "bfloat16"},
-        "args": {"tokens": [1, 8, 64], "impls": list(records.IMPLS), "argv": ["peer_bench.py", "--preset", "glm45-ep8"]},
+        "args": {"tokens": [1, 8, 64], "impls": list(records.IMPLS),
+                 "argv": ["peer_bench.py", "--preset", "glm45-ep8"]},
         "env": {"torch": "2.11.0", "triton": "3.6.0", "tool": "1.0", "gpu": "NVIDIA H200", "cuda": "13.0",
                 "staged": {"revision": "0266000", "dirty_files": 2, "date": "2026-12-01T07:00Z"}},
         "impls": {"w4a16_moe": {"version": "0.5", "marks": ""}, "w4a16_moe_fused": {"marks": ""},
@@ -381,3 +385,12 @@ def test_run_bench_off_the_gpu(tmp_path, activation):
     write_markdown(res, str(tmp_path / "r.md"))
     md = (tmp_path / "r.md").read_text()
     assert "| 16 |" in md and "ERR" in md and "command:" in md
+
+
+def test_list_presets_prints_what_the_peers_tool_prints(peer_bench, capsys):
+    from w4a16_moe.bench.run import main
+
+    assert peer_bench.main(["--list-presets"]) == 0
+    theirs = capsys.readouterr().out
+    assert main(["--list-presets"]) == 0
+    assert capsys.readouterr().out == theirs
