@@ -182,7 +182,8 @@ def write_outputs(records: list, out_dir: str, notes=(), date: Optional[str] = N
 def main(argv: Optional[list] = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe.bench.merge", description=__doc__.splitlines()[0],
+    ap = argparse.ArgumentParser(prog="python -m w4a16_moe.bench.merge", description="combine benchmark records and peers-tool results into "
+                                 "OUT_DIR/<date>/<layer>.{json,md,png}",
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n", 1)[1])
     ap.add_argument("out_dir", metavar="OUT_DIR", help="e.g. docs/benchmarks")
