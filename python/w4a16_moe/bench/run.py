@@ -1,20 +1,31 @@
-"""``python -m w4a16_moe bench``: reproduce the W1/W2 tables of targets.md on a GPU.
+"""``python -m w4a16_moe bench``: time one MoE layer against its floor, on a GPU.
+
+The layer: ``--workload kimi-tp8|deepseek-ep8`` (W1/W2 of targets.md, their data and rows exactly),
+``--preset NAME`` (the layers of ``../shared/tools/peers``, same shapes, groups and default token counts;
+``--list-presets``) or ``--layer E,H,I,TOPK[,E_GLOBAL]`` (``E_GLOBAL > E``: one EP rank owning ids
+``0..E-1``), with ``--group``, ``--scheme``, ``--dtype`` and ``--activation`` (:mod:`.layers`). The data
+generation and floor model are :mod:`.workloads`'.
 
 Per row (token count): draw fresh inputs, compute the FP32 reference, check every provider's output
 (NRMSE < 0.02, output poisoned with NaN first), then time the whole local MoE call with warm CUDA-graph
 replay (``triton.testing.do_bench_cudagraph(fn, rep=150)``), three samples per provider taken in
-alternating provider order, and report the median. Records go to ``--json``; ``--plot`` draws
-latency against tokens with the floor.
+alternating provider order, and report the median. ``--json`` writes a list of records (:mod:`.records`:
+``layer, tokens, impl, median_us, floor_eff_us, nrmse, device, revision`` and more), ``--markdown`` a
+table, ``--plot`` latency against tokens with the floor.
 
-Providers: ``cute`` (CuTe, deterministic finalize: fixed-order FP32 combine, no split-K, batch-invariant),
-``cute-fused`` (CuTe, fused finalize: FP32 atomics in the down GEMM, split-K allowed), ``triton``
-(deterministic), ``dense-bf16`` (dequantized BF16 weights through ``torch._grouped_mm``, for scale).
+Providers (impl name in the records): ``cute`` or ``auto`` (``w4a16_moe``: CuTe / the project's own choice,
+deterministic finalize: fixed-order FP32 combine, no split-K, batch-invariant), ``cute-fused``
+(``w4a16_moe_fused``: CuTe, fused finalize: FP32 atomics in the down GEMM, split-K allowed), ``triton``
+(``w4a16_moe_triton``, deterministic), ``dense-bf16`` (``dense_bf16``: dequantized weights in the
+activation dtype through ``torch._grouped_mm``, for scale). Humming and Marlin are measured by the peers
+tool (``scripts/gpu_presets.sh``; ``python -m w4a16_moe.bench.merge`` combines the records).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -25,14 +36,16 @@ import torch
 
 from .. import settings
 from .. import __version__
+from ..activations import apply_activation
 from ..api import fused_moe
 from ..reference import reference_moe
+from . import records as rec
 from .workloads import SEED, WORKLOADS, Workload, benchmark_rows, floor_us, make_weights
 
 __all__ = ["run_bench", "PROVIDERS", "main"]
 
-PROVIDERS = ("cute", "cute-fused", "triton", "dense-bf16")
-NRMSE_LIMIT = 0.02
+PROVIDERS = ("cute", "auto", "cute-fused", "triton", "dense-bf16")
+NRMSE_LIMIT = rec.NRMSE_LIMIT
 
 
 def _nrmse(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -40,12 +53,14 @@ def _nrmse(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _dense_bf16(wl: Workload, weights):
-    """A dense BF16 MoE (dequantized weights, ``torch._grouped_mm``): what 16-bit weights would cost."""
+    """A dense 16-bit MoE (dequantized weights in the activation dtype, ``torch._grouped_mm``): what 16-bit
+    weights would cost."""
     if not hasattr(torch, "_grouped_mm"):
         return None
+    dt = wl.torch_dtype
     w13, w2 = weights.dequantize()
-    w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)  # [E, N, K] contiguous: K-major operands
-    e, i = weights.num_experts, weights.intermediate_size
+    w13, w2 = w13.to(dt), w2.to(dt)  # [E, N, K] contiguous: K-major operands
+    e = weights.num_experts
 
     def run(x, tw, ids):
         t, k = ids.shape
@@ -58,7 +73,7 @@ def _dense_bf16(wl: Workload, weights):
         offs = torch.cumsum(counts[:e], 0, dtype=torch.int32)
         xs = x[order // k]
         h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
-        a = (torch.nn.functional.silu(h[:, :i].float()) * h[:, i:].float()).to(torch.bfloat16)
+        a = apply_activation(h, wl.activation).to(dt)
         y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs).float()
         keep = valid.flatten()[order]
         y = torch.where(keep[:, None], y * tw.flatten()[order][:, None], 0.0)  # rows past offs[-1] are unwritten
@@ -75,7 +90,8 @@ def _provider_fn(name: str, wl: Workload, weights) -> Optional[Callable]:
     backend, finalize = (name, "deterministic") if name != "cute-fused" else ("cute", "fused")
 
     def run(x, tw, ids, out=None):
-        return fused_moe(x, weights, tw, ids, activation="swiglu", finalize=finalize, backend=backend, out=out)
+        return fused_moe(x, weights, tw, ids, activation=wl.activation, finalize=finalize, backend=backend,
+                         out=out)
 
     return run
 
@@ -86,12 +102,17 @@ def _time(fn: Callable[[], object]) -> float:
     return float(triton.testing.do_bench_cudagraph(fn, rep=150)) * 1000.0  # ms -> us
 
 
-def run_bench(workload: str, providers: list[str], tokens: Optional[list[int]] = None, samples: int = 3,
-              log=print) -> dict:
-    wl = WORKLOADS[workload]
-    dev = torch.device("cuda")
+def run_bench(workload: "str | Workload", providers: list[str], tokens: Optional[list[int]] = None,
+              samples: int = 3, log=print, device: str = "cuda", timer: Optional[Callable] = None) -> dict:
+    """Measure ``workload`` (a :data:`WORKLOADS` name or a :class:`Workload`) at ``tokens`` (default: its
+    rows). Returns ``{"meta": ..., "records": [...]}`` (records: :mod:`.records`' schema, one per row and
+    provider that ran). ``device`` and ``timer`` (default :func:`_time`) are for tests off the GPU."""
+    wl = WORKLOADS[workload] if isinstance(workload, str) else workload
+    dev = torch.device(device)
+    timer = timer or _time
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
+    meta = _meta(wl, None if dev.type == "cuda" else str(dev))
     fns = {}
     for p in providers:
         fn = _provider_fn(p, wl, weights)
@@ -105,17 +126,19 @@ def run_bench(workload: str, providers: list[str], tokens: Optional[list[int]] =
     for t in tokens:
         x, tw, ids = data.pop(t)
         fl = floor_us(wl, weights, t, ids)
-        ref = reference_moe(x, weights, tw, ids)
-        row = {}
+        ref = reference_moe(x, weights, tw, ids, activation=wl.activation)
+        row, errors = {}, {}
         for p, fn in fns.items():
             out = torch.full_like(x, float("nan"))
             try:
                 got = fn(x, tw, ids) if p == "dense-bf16" else fn(x, tw, ids, out=out)
-                torch.cuda.synchronize()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
                 err = _nrmse(got, ref)
                 ok = bool(torch.isfinite(got).all()) and err < NRMSE_LIMIT
             except Exception as exc:  # a provider that cannot run a row is reported, not fatal
                 log(f"# {p} @ {t} tokens failed: {type(exc).__name__}: {exc}")
+                errors[p] = f"{type(exc).__name__}: {str(exc)[:300]}"
                 continue
             row[p] = {"nrmse": err, "ok": ok, "samples": []}
             if not ok:
@@ -126,24 +149,46 @@ def run_bench(workload: str, providers: list[str], tokens: Optional[list[int]] =
                 fn = fns[p]
                 out = torch.empty_like(x)
                 call = (lambda fn=fn: fn(x, tw, ids)) if p == "dense-bf16" else (lambda fn=fn, out=out: fn(x, tw, ids, out=out))
-                row[p]["samples"].append(_time(call))
-        for p, r in row.items():
-            med = statistics.median(r["samples"]) if r["samples"] else None
-            records.append({
-                "workload": wl.name, "tokens": t, "provider": p, "median_us": med, "samples_us": r["samples"],
-                "floor_us": fl["floor_us"], "floor_eff_us": fl["floor_eff_us"], "nrmse": r["nrmse"],
-                "experts_present": fl["experts_present"], "local_routes": fl["local_routes"],
-            })
+                row[p]["samples"].append(timer(call))
+        for p in fns:
+            if p in row:
+                r = row[p]
+                med = statistics.median(r["samples"]) if r["samples"] else None
+                records.append(_record(wl, meta, t, p, fl, med, r["samples"], r["nrmse"],
+                                       None if r["ok"] else f"NRMSE {r['nrmse']:.4g} >= {NRMSE_LIMIT} or non-finite"))
+            elif p in errors:
+                records.append(_record(wl, meta, t, p, fl, None, [], None, errors[p]))
         cells = "  ".join(
             f"{p}={row[p]['samples'] and statistics.median(row[p]['samples']):9.1f}us"
             f" ({row[p]['samples'] and statistics.median(row[p]['samples']) / fl['floor_eff_us']:.2f}x)"
             if row.get(p) and row[p]["samples"] else f"{p}=      n/a" for p in fns)
         log(f"{wl.name} T={t:5d}  floor_eff={fl['floor_eff_us']:8.1f}us  {cells}")
         del x, tw, ids, ref
-    return {"meta": _meta(wl), "records": records}
+    return {"meta": meta, "records": records}
 
 
-def _meta(wl: Workload) -> dict:
+def _record(wl: Workload, meta: dict, tokens: int, provider: str, fl: dict, median, samples, nrmse, error) -> dict:
+    """One record of :mod:`.records`' schema (the eight required fields first), with the benchmark's own
+    fields (``workload``, ``provider``, ``samples_us``, ``floor_us``, ``experts_present``, ``local_routes``)."""
+    r = {
+        "layer": wl.name, "tokens": tokens, "impl": rec.PROVIDER_IMPL[provider], "median_us": median,
+        "floor_eff_us": fl["floor_eff_us"], "nrmse": nrmse, "device": meta["device"], "revision": meta["revision"],
+        "dtype": wl.dtype, "scheme": wl.scheme, "activation": wl.activation, "date": meta["date"],
+        "source": "w4a16_moe bench", "provider": provider, "workload": wl.name, "samples_us": list(samples),
+        "floor_us": fl["floor_us"], "experts_present": fl["experts_present"], "local_routes": fl["local_routes"],
+        "layer_shape": {"E": wl.local_experts, "H": wl.hidden, "I": wl.intermediate, "topk": wl.top_k,
+                        "E_global": wl.global_experts},
+        "versions": meta["versions"],
+    }
+    if error:
+        r["error"] = error
+    if nrmse is not None and not math.isfinite(nrmse):
+        r["nrmse"] = None  # JSON has no nan / inf; the error says why
+        r.setdefault("error", f"non-finite output (NRMSE {nrmse})")
+    return r
+
+
+def _meta(wl: Workload, device_name: Optional[str] = None) -> dict:
     import importlib.metadata as md
 
     def ver(name: str) -> Optional[str]:
@@ -154,11 +199,15 @@ def _meta(wl: Workload) -> dict:
 
     return {
         "workload": wl.name,
+        "layer": wl.name,
         "description": wl.description,
+        "dtype": wl.dtype,
+        "scheme": wl.scheme,
+        "activation": wl.activation,
         "command": " ".join(["python -m w4a16_moe"] + sys.argv[1:]),
         "revision": settings.get().revision or _git_revision(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(),
+        "device": device_name or torch.cuda.get_device_name(),
         "versions": {
             "w4a16_moe": __version__, "torch": torch.__version__, "triton": ver("triton"),
             "nvidia-cutlass-dsl": ver("nvidia-cutlass-dsl"), "python": platform.python_version(),
@@ -187,77 +236,86 @@ def _git_revision() -> Optional[str]:
 
 
 def write_markdown(result: dict, path: str) -> None:
-    recs = result["records"]
-    provs = sorted({r["provider"] for r in recs}, key=lambda p: PROVIDERS.index(p) if p in PROVIDERS else 99)
-    tokens = sorted({r["tokens"] for r in recs})
-    by = {(r["tokens"], r["provider"]): r for r in recs}
+    """The records of ``result`` (:func:`run_bench`) as a markdown table, with the run's command and versions."""
     m = result["meta"]
-    lines = [f"# {m['description']}", "",
-             f"- command: `{m['command']}`", f"- revision: {m['revision']}", f"- date: {m['date']}",
-             f"- device: {m['device']}", f"- versions: {json.dumps(m['versions'])}", f"- timing: {m['timing']}", "",
-             "| tokens | floor_eff (us) | " + " | ".join(f"{p} (us) | {p} / floor_eff | {p} NRMSE" for p in provs) + " |",
-             "|---:|---:|" + "---:|---:|---:|" * len(provs)]
-    for t in tokens:
-        fe = next(r["floor_eff_us"] for r in recs if r["tokens"] == t)
-        cells = []
-        for p in provs:
-            r = by.get((t, p))
-            if r is None or r["median_us"] is None:
-                cells += ["n/a", "", ""]
-            else:
-                cells += [f"{r['median_us']:.1f}", f"{r['median_us'] / fe:.2f}", f"{r['nrmse']:.4f}"]
-        lines.append(f"| {t} | {fe:.1f} | " + " | ".join(cells) + " |")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    rec.write_markdown(result["records"], path, title=m["description"], notes=[
+        f"command: `{m['command']}`", f"versions: {json.dumps(m['versions'])}", f"timing: {m['timing']}",
+        "data: bench/workloads.py (seed 20260908); floor model: bench/workloads.floor_us"])
 
 
-def write_plot(result: dict, path: str) -> None:
-    import matplotlib
+def write_plot(result: dict, path: str, log=None) -> bool:
+    """Latency against tokens with the floor (False, with a message, when matplotlib is missing)."""
+    return rec.write_plot(result["records"], path, log=log)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    recs = result["records"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for p in sorted({r["provider"] for r in recs}):
-        pts = sorted((r["tokens"], r["median_us"]) for r in recs if r["provider"] == p and r["median_us"])
-        ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", label=p)
-    fl = sorted({(r["tokens"], r["floor_eff_us"]) for r in recs})
-    ax.plot([a for a, _ in fl], [b for _, b in fl], "k--", label="floor_eff")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens")
-    ax.set_ylabel("latency (us)")
-    ax.set_title(result["meta"]["description"], fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+def _list_presets() -> str:
+    from .presets import PRESETS
+
+    lines = []
+    for n, p in PRESETS.items():
+        ep = f",{p.global_experts}" if p.global_experts != p.local_experts else ""
+        lines.append(f"{n:<20} --layer {p.local_experts},{p.hidden},{p.intermediate},{p.top_k}{ep} --group {p.group}"
+                     f"   {p.what}")
+    return "\n".join(lines)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe bench", description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
+    from .layers import LayerArgError, build_workload, parse_tokens
+
+    ap = argparse.ArgumentParser(prog="python -m w4a16_moe bench", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="presets:\n" + _list_presets())
+    ap.add_argument("--workload", default=None, help=f"targets.md workload: {', '.join(sorted(WORKLOADS))}")
+    ap.add_argument("--preset", default=None, help="a layer of the peers tool (see below)")
+    ap.add_argument("--layer", default=None,
+                    help="E,H,I,TOPK[,E_GLOBAL]: local experts, hidden, intermediate, top-k, global experts "
+                         "(E_GLOBAL > E: one EP rank owning ids 0..E-1)")
+    ap.add_argument("--group", type=int, default=None,
+                    help="INT4 group size 32|64|128 (default: the preset's or workload's, 128 for --layer)")
+    ap.add_argument("--scheme", default=None, help="weight scheme (default int4_g<group>)")
+    ap.add_argument("--dtype", default="bf16", help="activation dtype: bf16 (default) or fp16")
+    ap.add_argument("--activation", default="swiglu", help="swiglu (default), geglu, relu2 or silu")
     ap.add_argument("--providers", default="cute,triton", help=f"comma-separated subset of {','.join(PROVIDERS)}")
-    ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the workload's rows)")
-    ap.add_argument("--json", default=None, help="write records (one per row and provider) to this path")
+    ap.add_argument("--tokens", default=None,
+                    help="comma-separated token counts (default: the workload's rows, or the peers tool's "
+                         "1,2,4,...,8192 for --preset / --layer)")
+    ap.add_argument("--samples", type=int, default=3, help="timing samples per provider and row (default 3)")
+    ap.add_argument("--json", default=None, help="write the records (a JSON list, one per row and provider)")
     ap.add_argument("--markdown", default=None, help="write a markdown table to this path")
-    ap.add_argument("--plot", default=None, help="write a PNG plot of latency against tokens to this path")
+    ap.add_argument("--plot", default=None, help="write a PNG plot of latency against tokens (needs matplotlib)")
+    ap.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench: needs a CUDA GPU", file=sys.stderr)
-        return 2
+    if args.list_presets:
+        print(_list_presets())
+        return 0
+    try:
+        wl, default_tokens = build_workload(workload=args.workload, preset=args.preset, layer=args.layer,
+                                            group=args.group, scheme=args.scheme, dtype=args.dtype,
+                                            activation=args.activation)
+        tokens = parse_tokens(args.tokens) or list(default_tokens)
+    except LayerArgError as e:
+        ap.error(str(e))
     providers = [p.strip() for p in args.providers.split(",") if p.strip()]
+    if not providers:
+        ap.error("--providers: no provider given")
+    seen = {}
     for p in providers:
         if p not in PROVIDERS:
             ap.error(f"--providers: unknown provider {p!r} (known: {', '.join(PROVIDERS)})")
-    tokens = [int(t) for t in args.tokens.split(",")] if args.tokens else None
-    result = run_bench(args.workload, providers, tokens)
+        impl = rec.PROVIDER_IMPL[p]
+        if impl in seen:
+            ap.error(f"--providers: {seen[impl]} and {p} both report as impl {impl}; give one of them")
+        seen[impl] = p
+    if args.samples < 1:
+        ap.error(f"--samples: must be >= 1, got {args.samples}")
+    if not torch.cuda.is_available():
+        print("bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    result = run_bench(wl, providers, tokens, samples=args.samples)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        rec.write_json(result["records"], args.json)
     if args.markdown:
         write_markdown(result, args.markdown)
     if args.plot:
