@@ -8,12 +8,12 @@ reference on a tiny layer instead.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Optional
 
 import torch
 
+from . import cli
 from .api import fused_moe, quantize_experts
 from .formats.schemes import SCHEMES
 from .providers import resolve_backend, select_provider
@@ -47,7 +47,7 @@ def _nrmse(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe demo", description=__doc__.splitlines()[0])
+    ap = cli.parser("demo", __doc__)
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated schemes")
     ap.add_argument("--tokens", default="1,16,256", help="comma-separated token counts")
     ap.add_argument("--backend", default="auto")

@@ -1,4 +1,4 @@
-"""``python -m w4a16_moe bench``: reproduce the W1/W2 tables of targets.md on a GPU.
+"""``python -m w4a16_moe bench``: reproduce the W1/W2 tables of docs/benchmarks.md on a GPU.
 
 Per row (token count): draw fresh inputs, compute the FP32 reference, check every provider's output
 (NRMSE < 0.02, output poisoned with NaN first), then time the whole local MoE call with warm CUDA-graph
@@ -236,9 +236,9 @@ def write_plot(result: dict, path: str) -> None:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
+    from .. import cli
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe bench", description=__doc__.splitlines()[0])
+    ap = cli.parser("bench", __doc__)
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--providers", default="cute,triton", help=f"comma-separated subset of {','.join(PROVIDERS)}")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default: the workload's rows)")
