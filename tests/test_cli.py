@@ -4,6 +4,7 @@ CPU output explains its NRMSE column and checks every row, and importing the pac
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,25 @@ def test_demo_on_cpu_explains_nrmse_and_checks_rows(monkeypatch, capsys):
 def test_import_raises_no_warning():
     r = _run("-W", "error", "-c", "import w4a16_moe")
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr[-3000:]
+
+
+def _readme_block(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"\n## {heading}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_readme_example_runs_on_cpu(monkeypatch):
+    code = _readme_block("Example")
+    shapes = "E, H, I, top_k, T = 32, 2048, 768, 8, 16"
+    assert shapes in code, "the README example's shape line changed: update this test"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    scope: dict = {}
+    exec(compile(code.replace(shapes, "E, H, I, top_k, T = 8, 256, 128, 2, 4"), "README.md", "exec"), scope)
+    assert scope["backend"] == "reference" and scope["y"].shape == (4, 256) and scope["nrmse"] < 0.02
+
+
+def test_readme_commands_exist():
+    text = (ROOT / "README.md").read_text()
+    used = set(re.findall(r"python -m w4a16_moe ([a-z][a-z-]*)", text))
+    assert used and used <= set(cli_main.COMMANDS), used - set(cli_main.COMMANDS)
