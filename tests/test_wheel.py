@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _backend():
+    """``aot/wheel_backend.py``; it builds on scikit-build-core, a wheel extra (``pip install -e ".[wheel]"``)."""
+    pytest.importorskip("scikit_build_core", reason="the wheel tagging needs scikit-build-core (the `wheel` extra)")
     spec = importlib.util.spec_from_file_location("w4a16_wheel_backend", ROOT / "aot" / "wheel_backend.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

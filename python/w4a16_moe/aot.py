@@ -24,7 +24,6 @@ Other modes: ``--list`` prints the plan without compiling; ``--objects-only`` co
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import shutil
@@ -247,7 +246,9 @@ def _say_plan(plans: Sequence[ArchPlan]) -> None:
 
 
 def main(argv: Optional[list] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe aot", description=__doc__.splitlines()[0])
+    from . import cli
+
+    ap = cli.parser("aot", __doc__)
     ap.add_argument("--archs", default="sm_90a", help=f"comma- or semicolon-separated, of {', '.join(AOT_ARCHS)}")
     ap.add_argument("--subset", default="full", choices=list(SUBSETS))
     ap.add_argument("--out", help="prebuilt directory to write (manifest.json + <arch>/kernels.so)")

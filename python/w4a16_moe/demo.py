@@ -2,18 +2,20 @@
 
 The embedded layer is Qwen3-30B-A3B-shaped (128 experts, H=2048, I=768, top-8, SwiGLU) with
 seeded random weights. On a GPU every scheme runs through ``fused_moe`` (provider ``auto``) at a few
-token counts and is checked against the FP32 reference; without a GPU the demo says so and runs the
-reference on a tiny layer instead.
+token counts and is checked against the FP32 reference on the same quantized weights (NRMSE < 0.02);
+without a GPU the demo says so and runs the reference on a tiny layer instead, where NRMSE is the
+quantization error against the layer's original BF16 weights. Each row prints ok or FAIL; the exit
+status is 1 when a row fails.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Optional
 
 import torch
 
+from . import cli
 from .api import fused_moe, quantize_experts
 from .formats.schemes import SCHEMES
 from .providers import resolve_backend, select_provider
@@ -24,6 +26,8 @@ __all__ = ["main"]
 
 LAYER = {"experts": 128, "hidden": 2048, "intermediate": 768, "top_k": 8}
 TINY = {"experts": 8, "hidden": 256, "intermediate": 128, "top_k": 2}
+GPU_NRMSE_LIMIT = 0.02  # fused_moe against the FP32 reference on the same quantized weights
+CPU_NRMSE_LIMIT = 0.3  # the quantized layer's reference against the BF16-weight layer (quantization error)
 
 
 def _layer(cfg: dict, scheme: str, device, seed: int = 0):
@@ -47,7 +51,7 @@ def _nrmse(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe demo", description=__doc__.splitlines()[0])
+    ap = cli.parser("demo", __doc__)
     ap.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated schemes")
     ap.add_argument("--tokens", default="1,16,256", help="comma-separated token counts")
     ap.add_argument("--backend", default="auto")
@@ -57,15 +61,24 @@ def main(argv: Optional[list[str]] = None) -> int:
         cfg = TINY
         print("demo: no CUDA GPU on this machine: fused_moe needs one, so this runs the FP32 reference "
               f"on a tiny layer (E={cfg['experts']}, H={cfg['hidden']}, I={cfg['intermediate']}, top-{cfg['top_k']}).")
-        print(f"{'scheme':14s} {'tokens':>6s} {'NRMSE vs BF16 weights':>22s} {'ms':>8s}")
+        print("NRMSE = ||ref_4bit - ref_bf16|| / ||ref_bf16||: the quantization error, the FP32 reference on the "
+              "quantized weights\nagainst the same layer with its original BF16 weights (no kernel runs here). "
+              "Random Gaussian weights at 4 bits\n"
+              f"land at 0.1-0.25; ok below {CPU_NRMSE_LIMIT} (a wrong dequantization lands near 1 or above).")
+        print(f"{'scheme':14s} {'tokens':>6s} {'NRMSE vs BF16 weights':>22s} {'ms':>8s}  check")
+        failures = 0
         for s in schemes:
             err, ms = _quantization_error(cfg, s, tokens=4)
-            print(f"{s:14s} {4:6d} {err:22.4f} {ms:8.2f}")
-        return 0
+            ok = err < CPU_NRMSE_LIMIT
+            failures += not ok
+            print(f"{s:14s} {4:6d} {err:22.4f} {ms:8.2f}  {'ok' if ok else 'FAIL'}")
+        return 1 if failures else 0
     cfg, dev = LAYER, torch.device("cuda")
     tokens = [int(t) for t in a.tokens.split(",") if t]
     print(f"demo layer: E={cfg['experts']}, H={cfg['hidden']}, I={cfg['intermediate']}, top-{cfg['top_k']}, "
           f"SwiGLU, BF16, on {torch.cuda.get_device_name()}")
+    print("NRMSE = ||fused_moe - ref|| / ||ref||, ref = the FP32 reference on the same quantized weights; "
+          f"ok below {GPU_NRMSE_LIMIT}.")
     print(f"{'scheme':14s} {'tokens':>6s} {'provider':>9s} {'NRMSE':>8s} {'us/call':>9s}  check")
     failures = 0
     for s in schemes:
@@ -82,7 +95,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 fused_moe(x, w, tw, ids, backend=a.backend, out=out)
             torch.cuda.synchronize()
             us = (time.perf_counter() - t0) / 20 * 1e6
-            ok = err < 0.02 and bool(torch.isfinite(out).all())
+            ok = err < GPU_NRMSE_LIMIT and bool(torch.isfinite(out).all())
             failures += not ok
             print(f"{s:14s} {t:6d} {prov:>9s} {err:8.4f} {us:9.1f}  {'ok' if ok else 'FAIL'}")
     return 1 if failures else 0

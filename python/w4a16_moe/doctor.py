@@ -9,7 +9,6 @@ GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata as md
 import json
 import platform
@@ -18,7 +17,7 @@ from typing import Optional
 
 import torch
 
-from . import __version__
+from . import __version__, cli
 from .activations import get_activation
 from .device import probe
 from .formats.schemes import SCHEMES, get_scheme
@@ -113,7 +112,7 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe doctor", description=__doc__.splitlines()[0])
+    ap = cli.parser("doctor", __doc__)
     ap.add_argument("--json", action="store_true", help="print JSON")
     ap.add_argument("--scheme", default="int4_g32", choices=list(SCHEMES))
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])

@@ -105,12 +105,12 @@ def run(tokens, backend="auto") -> dict:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
+    from .. import cli
 
     from .run import _meta
     from .workloads import WORKLOADS
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe bench-ep", description=__doc__.splitlines()[0])
+    ap = cli.parser("bench-ep", __doc__)
     ap.add_argument("--tokens", default="16,256,2048")
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--json", default=None)

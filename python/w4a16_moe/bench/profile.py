@@ -58,9 +58,9 @@ def profile_call(fn, calls: int = 20) -> list:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
+    from .. import cli
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe profile", description=__doc__.splitlines()[0])
+    ap = cli.parser("profile", __doc__)
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--tokens", default="1,8")
     ap.add_argument("--providers", default="cute")

@@ -1,6 +1,6 @@
 """``python -m w4a16_moe bench``: time one MoE layer against its floor, on a GPU.
 
-The layer: ``--workload kimi-tp8|deepseek-ep8`` (W1/W2 of targets.md, their data and rows exactly),
+The layer: ``--workload kimi-tp8|deepseek-ep8`` (W1/W2 of docs/benchmarks.md, their data and rows exactly),
 ``--preset NAME`` (the layers of ``../shared/tools/peers``, same shapes, groups and default token counts;
 ``--list-presets``) or ``--layer E,H,I,TOPK[,E_GLOBAL]`` (``E_GLOBAL > E``: one EP rank owning ids
 ``0..E-1``), with ``--group``, ``--scheme``, ``--dtype`` and ``--activation`` (:mod:`.layers`). The data
@@ -260,14 +260,12 @@ def _list_presets() -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
+    from .. import cli
 
     from .layers import LayerArgError, build_workload, parse_tokens
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe bench", description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="presets:\n" + _list_presets())
-    ap.add_argument("--workload", default=None, help=f"targets.md workload: {', '.join(sorted(WORKLOADS))}")
+    ap = cli.parser("bench", __doc__, epilog="presets:\n" + _list_presets())
+    ap.add_argument("--workload", default=None, help=f"docs/benchmarks.md workload: {', '.join(sorted(WORKLOADS))}")
     ap.add_argument("--preset", default=None, help="a layer of the peers tool (see below)")
     ap.add_argument("--layer", default=None,
                     help="E,H,I,TOPK[,E_GLOBAL]: local experts, hidden, intermediate, top-k, global experts "

@@ -139,9 +139,9 @@ def decode_summary(trials: list, top_k: int) -> Optional[dict]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import argparse
+    from .. import cli
 
-    ap = argparse.ArgumentParser(prog="python -m w4a16_moe tune", description=__doc__.splitlines()[0])
+    ap = cli.parser("tune", __doc__)
     ap.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     ap.add_argument("--finalize", default="deterministic", choices=["deterministic", "fused"])
     ap.add_argument("--tokens", default=None)

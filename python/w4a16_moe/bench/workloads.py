@@ -1,6 +1,6 @@
-"""The benchmark workloads of targets.md, their synthetic data and the floor model.
+"""The benchmark workloads (docs/benchmarks.md), their synthetic data and the floor model.
 
-Data (exactly as targets.md specifies): generator seed 20260908 on the GPU; int4 codes uniform
+Data (exactly as docs/benchmarks.md specifies): generator seed 20260908 on the GPU; int4 codes uniform
 random; scales uniform in [0.75, 1.25] / (4.6 * sqrt(K)) stored in BF16; x ~ N(0, 1) in BF16;
 ``topk_ids`` = top-k of uniform random scores over the global experts (distinct per token);
 ``topk_weights`` = softmax of N(0, 1) logits in FP32; fresh routing and activations per token count.
