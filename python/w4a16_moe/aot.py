@@ -1,4 +1,4 @@
-"""``python -m w4a16_moe aot --archs sm_90a[,sm_100a,...] [--subset smoke|full] --out DIR [-j N]``.
+"""``python -m w4a16_moe aot --archs sm_90a[,sm_100a,...] [--subset smoke|full | --specs FILE] --out DIR [-j N]``.
 
 Enumerates the declared kernel variants (the same specs the JIT compiles on first use) of every kernel
 family that supports each requested arch, cross-compiles them (no GPU needed) in a pool of ``-j``
