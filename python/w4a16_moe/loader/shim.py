@@ -278,7 +278,6 @@ def exported_symbols(names: Iterable[str]) -> list:
     return list(LIBRARY_SYMBOLS) + [n + s for n in names for s in KERNEL_SYMBOL_SUFFIXES]
 
 
-
 def version_script_text(names: Iterable[str]) -> str:
     """Linker version script exporting exactly :func:`exported_symbols` of ``names``."""
     return "{\n  global:\n" + "".join(f"    {x};\n" for x in exported_symbols(names)) + "  local: *;\n};\n"
