@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Cross-compile the CuTe kernels into a prebuilt directory: aot/build.sh DIR [--subset smoke|full] [--archs sm_90a]
+# Cross-compile the CuTe kernels into a prebuilt directory:
+#   aot/build.sh DIR [--archs sm_90a,...] [--subset smoke|full | --specs FILE] [--keep-objects] [-j N]
+# (every option of python -m w4a16_moe aot; see python/w4a16_moe/aot.py)
 set -euo pipefail
 out=${1:?usage: aot/build.sh DIR [extra args for python -m w4a16_moe aot]}
 shift

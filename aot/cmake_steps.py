@@ -5,7 +5,8 @@ Steps:
 
 * ``plan --archs "sm_90a;sm_100a" --subset smoke|full --aot-dir DIR --out plan.cmake``: enumerate the
   kernels per arch (no compiling) and write the CMake variables the build needs: object paths per arch,
-  the link recipe of :mod:`w4a16_moe.loader.build` (flags, static runtimes, CUDA headers), torch's headers
+  the link recipe of :mod:`w4a16_moe.loader.build` (flags; static runtimes and CUDA headers found by
+  :mod:`w4a16_moe.loader.toolchain`), torch's headers
   and ``libtorch_cpu`` for the op library, and the sources the objects depend on. Archs without kernels
   are listed with the reason; ``DIR/manifest_extra.json`` gets the AOT summary for the manifest.
 * ``finalize --link-plan DIR/<arch>/link.json --library LIB --meta META --linker TEXT``: check a library
@@ -57,7 +58,7 @@ def _torch_paths() -> tuple:
 
 def step_plan(a) -> int:
     from w4a16_moe import aot
-    from w4a16_moe.loader import build
+    from w4a16_moe.loader import build, identity, toolchain
     from w4a16_moe.loader.spec import get_family
 
     try:
@@ -69,13 +70,13 @@ def step_plan(a) -> int:
         raise SystemExit(f"W4A16_MOE_AOT_ARCHS={a.archs!r} selects no kernels at all: "
                          + "; ".join(f"{p.arch}: {p.reason}" for p in plans))
     try:
-        build.find_dsl_lib_dir()
-    except build.BuildError as e:
+        toolchain.find_dsl_lib_dir()
+    except toolchain.BuildError as e:
         raise SystemExit(f"W4A16_MOE_AOT_ARCHS needs nvidia-cutlass-dsl[cu13] in the build environment: {e}") from e
-    tk = build.find_cuda_toolkit()
+    tk = toolchain.find_cuda_toolkit()
     torch_version, torch_inc, torch_lib = _torch_paths()
     d = Path(a.aot_dir).resolve()
-    deps = {Path(build.__file__).resolve(), Path(aot.__file__).resolve()}
+    deps = set(identity.artifact_source_files()) | {Path(aot.__file__).resolve()}
     for f in fams:
         deps.update(get_family(f.name).source_files())
         deps.add(Path(sys.modules[f.module].__file__).resolve())
@@ -90,15 +91,15 @@ def step_plan(a) -> int:
     out.append(_set("W4A16_AOT_DEPENDS", sorted(deps)))
     out.append(_set("W4A16_CUDA_INCLUDE", tk.include_dir))
     out.append(_set("W4A16_CUDART_STATIC", tk.cudart_static))
-    out.append(_set("W4A16_DIALECT_RUNTIME", build.find_dsl_lib_dir() / "libcuda_dialect_runtime_static.a"))
+    out.append(_set("W4A16_DIALECT_RUNTIME", toolchain.find_dsl_lib_dir() / "libcuda_dialect_runtime_static.a"))
     out.append(_set("W4A16_SHIM_CXXFLAGS", [f for f in build.SHIM_CXXFLAGS if f != "-fPIC"]))
     out.append(_set("W4A16_LINK_FLAGS", list(build.LINK_FLAGS)))
     out.append(_set("W4A16_SYSTEM_LIBS", list(build.SYSTEM_LIBS)))
     out.append(_set("W4A16_TORCH_VERSION", torch_version))
     out.append(_set("W4A16_TORCH_INCLUDE", torch_inc))
     out.append(_set("W4A16_TORCH_CPU_LIB", torch_lib))
-    out.append(_set("W4A16_DSL_VERSION", build.dsl_version()))
-    out.append(_set("W4A16_PACKAGE_VERSION", build.package_version()))
+    out.append(_set("W4A16_DSL_VERSION", identity.dsl_version()))
+    out.append(_set("W4A16_PACKAGE_VERSION", identity.package_version()))
     d.mkdir(parents=True, exist_ok=True)
     extra = aot.manifest_extra(plans, fams, absent, a.subset, "cmake")
     _write_if_changed(d / "manifest_extra.json", json.dumps(extra, indent=1, sort_keys=True))

@@ -1,14 +1,13 @@
-"""Write the kernel specs a GPU session needs (for ``python -m w4a16_moe.loader.build --specs``).
+"""Write the kernel specs a GPU session needs (for ``python -m w4a16_moe aot --specs``).
 
     PYTHONPATH=python python scripts/device_specs.py --out .device/specs.json [--decode-knobs w8u4/w8u2,...]
-    PYTHONPATH=python python -m w4a16_moe.loader.build --arch sm_90a --specs .device/specs.json \\
-        --prebuilt-dir .device/prebuilt -j 2
+    aot/build.sh .device/prebuilt --archs sm_90a --specs .device/specs.json --keep-objects -j 2
 
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
 the tuner force beyond it: every ``sm90_family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
-(``--decode-knobs``, the tuner's). Objects are kept beside the library (``obj-<arch>``), so a rebuild after a
-kernel change recompiles only the kernels whose sources changed.
+(``--decode-knobs``, the tuner's). With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
 from __future__ import annotations

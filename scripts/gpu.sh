@@ -3,8 +3,9 @@
 #   scripts/gpu.sh [tests] [bench] [bench-ep] [tune]   (default: tests bench)
 # Logs and results go to $OUT (default ./out): gpu_tests.log, bench.log, w1.{json,md,png}, w2.{json,md,png},
 # ep2.{json,md}, tune_w{1,2}_{small,large}.json. Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git
-# history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt`, carried along) is
-# used when present, with JIT disabled, since the GPU machine has no CuTe DSL.
+# history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt [--specs .device/specs.json
+# --keep-objects]`, see scripts/device_specs.py; carried along) is used when present, with JIT disabled, since
+# the GPU machine has no CuTe DSL.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}

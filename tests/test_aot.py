@@ -93,6 +93,34 @@ def test_family_modules_absent_or_broken(tmp_path, monkeypatch):
         aot.load_families(["bad_import_family"])
 
 
+def test_specs_file_builds_exactly_the_listed_specs(tmp_path):
+    from w4a16_moe.loader.selftest_kernel import selftest_spec
+
+    sm90 = aot.load_families([SM90])[0][0].variants("smoke")[:2]
+    own = selftest_spec()  # a family the AOT build does not enumerate: built for every arch
+    f = tmp_path / "specs.json"
+    f.write_text(json.dumps([s.to_json() for s in (*sm90, own, sm90[0])]))
+    assert aot.read_specs(f) == [*sm90, own]  # in order, without repeats
+    plans, fams, _ = aot.plan_specs(["sm_90a", "sm_100a"], aot.read_specs(f), [SM90])
+    by = {p.arch: p for p in plans}
+    assert by["sm_90a"].specs == [*sm90, own] and by["sm_90a"].per_family == {"sm90_w4a16_gemm": 2, "selftest_axpy": 1}
+    assert by["sm_100a"].specs == [own] and "family sm90_w4a16_gemm builds only sm_90a" in by["sm_100a"].reason
+    r = _aot("--archs", "sm_90a,sm_100a", "--specs", str(f), "--families", SM90, "--list", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("sm_")] == (
+        [f"sm_90a {s.name}" for s in (*sm90, own)] + [f"sm_100a {own.name}"])
+    r = _aot("--specs", str(f), "--subset", "smoke", "--list", timeout=300)
+    assert r.returncode == 2 and "--specs and --subset exclude each other" in r.stderr
+    for text, why in (("{", "cannot read a JSON spec list"), ("[]", "non-empty JSON list"),
+                      ('[{"family": "sm90_w4a16_gemm"}]', "entry 0 is not a kernel spec"),
+                      ('[{"family": "Bad Family", "params": {}}]', "entry 0 is not a kernel spec")):
+        f.write_text(text)
+        with pytest.raises(ValueError, match=why):
+            aot.read_specs(f)
+    r = _aot("--specs", str(tmp_path / "missing.json"), "--list", timeout=300)
+    assert r.returncode == 2 and "--specs" in r.stderr and "missing.json" in r.stderr
+
+
 def test_manifest_extra_describes_empty_archs():
     plans, fams, absent = aot.plan_archs(["sm_90a", "sm_120a"], "smoke", [SM90])
     extra = aot.manifest_extra(plans, fams, absent, "smoke", "g++")
@@ -109,7 +137,7 @@ def test_manifest_extra_describes_empty_archs():
 @pytest.fixture(scope="module")
 def smoke_build(tmp_path_factory):
     pytest.importorskip("cutlass", reason="the CuTe DSL (nvidia-cutlass-dsl) is needed to cross-compile")
-    from w4a16_moe.loader.build import BuildError, find_cuda_toolkit
+    from w4a16_moe.loader.toolchain import BuildError, find_cuda_toolkit
 
     try:
         find_cuda_toolkit()
@@ -149,7 +177,8 @@ def test_smoke_subset_builds_and_resolves(smoke_build):
                        env=_env(W4A16_MOE_PREBUILT_DIR=str(out), W4A16_MOE_DISABLE_JIT="1"))
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     # needs only libc-family libraries at run time
-    from w4a16_moe.loader.build import ALLOWED_NEEDED, read_needed
+    from w4a16_moe.loader.build import ALLOWED_NEEDED
+    from w4a16_moe.loader.toolchain import read_needed
 
     for lib in manifest["libraries"]:
         needed = read_needed(out / lib["file"])

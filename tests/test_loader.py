@@ -39,7 +39,7 @@ def _isolated_env(monkeypatch, tmp_path):
 
 def _need_dsl():
     pytest.importorskip("cutlass", reason="CuTe DSL (nvidia-cutlass-dsl) not installed")
-    from w4a16_moe.loader.build import BuildError, find_cuda_toolkit
+    from w4a16_moe.loader.toolchain import BuildError, find_cuda_toolkit
 
     try:
         find_cuda_toolkit()
@@ -177,9 +177,9 @@ def test_disable_jit_error_names_the_spec(monkeypatch):
 
 
 def test_missing_dsl_error_names_the_spec(monkeypatch):
-    from w4a16_moe.loader import build
+    from w4a16_moe.loader import toolchain
 
-    monkeypatch.setattr(build, "dsl_importable", lambda: False)
+    monkeypatch.setattr(toolchain, "dsl_importable", lambda: False)
     spec = selftest_spec(threads=352)
     with pytest.raises(jit_cache.KernelNotAvailableError, match=spec.name) as ei:
         jit_cache.get_or_build(spec, "sm_100a")
@@ -202,12 +202,12 @@ def test_arch_names_of_capabilities():
 
 def test_kernel_status_explains_without_building(monkeypatch):
     import w4a16_moe.loader as L
-    from w4a16_moe.loader import build
+    from w4a16_moe.loader import toolchain
 
     spec = selftest_spec(threads=224)
     src, why = L.kernel_status(spec, "sm_90a")
-    assert src == ("jit" if build.dsl_importable() else None) and "no prebuilt manifest" in why
-    monkeypatch.setattr(build, "dsl_importable", lambda: False)
+    assert src == ("jit" if toolchain.dsl_importable() else None) and "no prebuilt manifest" in why
+    monkeypatch.setattr(toolchain, "dsl_importable", lambda: False)
     src, why = L.kernel_status(spec, "sm_90a")
     assert src is None and "not installed" in why and "not in the JIT cache" in why
     monkeypatch.setenv("W4A16_MOE_DISABLE_JIT", "1")
@@ -216,7 +216,7 @@ def test_kernel_status_explains_without_building(monkeypatch):
 
 
 def test_prebuilt_mismatch_reasons(tmp_path):
-    from w4a16_moe.loader.build import ABI_VERSION, package_version
+    from w4a16_moe.loader.identity import ABI_VERSION, package_version
 
     d = tmp_path / "pb"
     d.mkdir()
@@ -262,9 +262,19 @@ def test_describe_is_flat():
     assert all(isinstance(v, (str, int)) for v in d.values())
 
 
+def test_lookup_modules_import_no_build_code():
+    """prebuilt / jit_cache / the loader identify artifacts with loader.identity alone: no compiler discovery,
+    shim generation or compile pool is imported until something is built."""
+    code = ("import sys, w4a16_moe.loader, w4a16_moe.loader.prebuilt, w4a16_moe.loader.jit_cache; "
+            "print([m for m in sys.modules if m.split('.')[-1] in ('build', 'shim', 'toolchain', 'compile_pool')])")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
 def test_parse_synthetic_header():
     """Header shapes the self-test kernel does not produce: strided tensors, tensor lists, int arrays, fp16."""
-    from w4a16_moe.loader.build import parse_header_abi
+    from w4a16_moe.loader.shim import parse_header_abi
 
     P = "k"
     hdr = f"""
@@ -326,17 +336,17 @@ def built_libs(tmp_path_factory):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_library_is_self_contained(built_libs, arch):
-    from w4a16_moe.loader import build
+    from w4a16_moe.loader import build, identity, shim, toolchain
 
     specs, libs = built_libs
     so, meta, _ = libs[arch]
-    needed = build.read_needed(so)
+    needed = toolchain.read_needed(so)
     assert needed == meta["needed"]
     assert not [n for n in needed if n.startswith(FORBIDDEN_NEEDED)], needed
     assert set(needed) <= build.ALLOWED_NEEDED
-    assert build.read_dynamic_symbols(so) == sorted(build.exported_symbols([s.name for s in specs]))
-    assert meta["sha256"] == build.sha256_file(so) and meta["size"] == so.stat().st_size
-    assert meta["arch"] == arch and meta["dsl_version"] == build.dsl_version()
+    assert toolchain.read_dynamic_symbols(so) == sorted(shim.exported_symbols([s.name for s in specs]))
+    assert meta["sha256"] == identity.sha256_file(so) and meta["size"] == so.stat().st_size
+    assert meta["arch"] == arch and meta["dsl_version"] == identity.dsl_version()
     assert [k["name"] for k in meta["kernels"]] == [s.name for s in specs]
     assert all(k["source_hash"] and k["abi"]["args"] for k in meta["kernels"])
     # every kernel's cubin is recorded and sits, byte for byte, inside the library
@@ -383,9 +393,10 @@ def test_library_dlopens_and_describes_abi(built_libs, arch):
 def test_parallel_compile_driver(tmp_path):
     _need_dsl()
     from w4a16_moe.loader import build
+    from w4a16_moe.loader.compile_pool import compile_objects_parallel
 
     specs = [selftest_spec(threads=64), selftest_spec(threads=256, api="tensor")]
-    objs = build.compile_objects_parallel(specs, "sm_90a", tmp_path / "obj", workers=2)
+    objs = compile_objects_parallel(specs, "sm_90a", tmp_path / "obj", workers=2)
     assert [o.stem for o in objs] == [s.name for s in specs] and all(o.exists() for o in objs)
     meta = build.link_shared_library(objs, tmp_path / "k.so")
     assert meta["library"] == "k.so" and (tmp_path / "meta.json").exists()

@@ -119,7 +119,7 @@ def test_tn_variant_candidates_apply_to_both_gemms():
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 def test_tn_variants_plan_validation_and_sass(tmp_path):
     from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
-    from w4a16_moe.loader import build, sass
+    from w4a16_moe.loader import sass, toolchain
 
     base = dict(mode="gate_up", m64_per_block=4, tokens_per_tile=56, k_tile=128, stages=5, consumer_wgs=2)
     k = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, tn_variants=3))
@@ -131,7 +131,7 @@ def test_tn_variants_plan_validation_and_sass(tmp_path):
         with pytest.raises(ValueError, match=r"tn_variants must be in \[1, 4\]"):
             Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
     # one kernel holds a WGMMA of each width, and no local memory
-    build.preload_dsl_runtime()
+    toolchain.preload_dsl_runtime()
     k.compile("sm_90a").export_to_c(str(tmp_path), "k", function_prefix="k")
     (cubin,) = sass.extract_cubins((tmp_path / "k.o").read_bytes())
     text = sass.disassemble(cubin.data)

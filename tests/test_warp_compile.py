@@ -20,7 +20,7 @@ pytest.importorskip("cutlass", reason="the CuTe DSL (nvidia-cutlass-dsl) is need
 from w4a16_moe.formats.schemes import get_scheme  # noqa: E402
 from w4a16_moe.kernels.cute import warp_family as fam  # noqa: E402
 from w4a16_moe.kernels.cute.warp_config import WarpGemmConfig  # noqa: E402
-from w4a16_moe.loader import build  # noqa: E402
+from w4a16_moe.loader import build, toolchain  # noqa: E402
 from w4a16_moe.loader.spec import SUPPORTED_ARCHS  # noqa: E402
 
 sass = pytest.importorskip("w4a16_moe.loader.sass", reason="the loader's SASS helpers are needed")
@@ -61,7 +61,7 @@ def _export(cfg: WarpGemmConfig, arch: str, out: Path) -> Path:
         assert rec["abi"]["args"][-1]["kind"] == "stream"
         assert len(rec["abi"]["args"]) == 17
         return out / rec["object"]
-    build.preload_dsl_runtime()
+    toolchain.preload_dsl_runtime()
     compiled = fam._compile(spec, arch)
     compiled.export_to_c(str(out), spec.name, function_prefix=spec.name)
     return out / f"{spec.name}.o"

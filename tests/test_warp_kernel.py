@@ -15,8 +15,7 @@ column blocks are wrong.
 Kernels needed (prebuilt for sm_90a on a machine without the DSL)::
 
     PYTHONPATH=python python tests/test_warp_kernel.py --specs warp_specs.json      # writes the spec list
-    PYTHONPATH=python python -m w4a16_moe.loader.build --arch sm_90a --specs warp_specs.json \\
-        --prebuilt-dir DIR -j 2
+    PYTHONPATH=python python -m w4a16_moe aot --archs sm_90a --specs warp_specs.json --out DIR -j 2
     W4A16_MOE_PREBUILT_DIR=DIR python -m pytest -q -s tests/test_warp_kernel.py
 
 ``W4A16_WARP_ARCH`` overrides the arch the kernels are requested for (default: sm_90a on SM90, sm_100a on
@@ -534,7 +533,7 @@ def _plan_n(ids, num_experts, tn):
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description="write the specs this test needs (for loader.build --specs)")
+    ap = argparse.ArgumentParser(description="write the specs this test needs (for python -m w4a16_moe aot --specs)")
     ap.add_argument("--specs", required=True)
     a = ap.parse_args()
     specs = needed_specs()

@@ -178,7 +178,7 @@ def op_library(tmp_path_factory):
 
 
 def test_op_library_loads_in_this_torch(op_library):
-    from w4a16_moe.loader.build import read_needed
+    from w4a16_moe.loader.toolchain import read_needed
 
     assert "libtorch_cpu.so" in read_needed(op_library)
     assert not [n for n in read_needed(op_library) if "cuda" in n or "python" in n]

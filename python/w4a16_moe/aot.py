@@ -1,4 +1,4 @@
-"""``python -m w4a16_moe aot --archs sm_90a[,sm_100a,...] [--subset smoke|full] --out DIR [-j N]``.
+"""``python -m w4a16_moe aot --archs sm_90a[,sm_100a,...] [--subset smoke|full | --specs FILE] --out DIR [-j N]``.
 
 Enumerates the declared kernel variants (the same specs the JIT compiles on first use) of every kernel
 family that supports each requested arch, cross-compiles them (no GPU needed) in a pool of ``-j``
@@ -18,6 +18,11 @@ library, and the build says so (``--archs`` with no kernels at all is an error).
 Subsets: ``full`` = every variant the providers can select; ``smoke`` = a small subset per family
 (SM90: int4_g32 / int4_g128, BF16, SwiGLU, both finalize modes, all tile buckets).
 
+``--specs FILE`` builds exactly the specs listed in FILE (JSON ``[{"family", "params"}, ...]``, e.g. from
+``scripts/device_specs.py``) instead of a subset: each for every ``--archs`` arch its family builds.
+``--keep-objects`` keeps the exported objects in ``DIR/.obj``: a later build into the same DIR compiles only
+the kernels whose spec, arch, sources or DSL version changed.
+
 Other modes: ``--list`` prints the plan without compiling; ``--objects-only`` compiles and prepares the link
 (shim source, version script, ``<arch>/link.json``) without linking, for CMake (``aot/cmake_steps.py``).
 """
@@ -34,7 +39,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 __all__ = ["AOT_ARCHS", "FAMILY_MODULES", "SUBSETS", "AotError", "AotFamily", "ArchPlan", "load_families",
-           "plan_archs", "parse_archs", "subset_specs", "main"]
+           "plan_archs", "plan_specs", "parse_archs", "read_specs", "subset_specs", "main"]
 
 #: archs the AOT build accepts (``--archs``, ``W4A16_MOE_AOT_ARCHS``)
 AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
@@ -200,11 +205,11 @@ def _fmt_s(s: float) -> str:
 # ------------------------------------------------------------------------------------------------------
 def compile_plans(plans: Sequence[ArchPlan], out: Path, jobs: int, progress: bool = True) -> dict:
     """Compile every spec of every plan into ``out/<arch>/obj``; ``{arch: [.o paths]}``."""
-    from .loader import build
+    from .loader.compile_pool import compile_jobs
 
     jobs_list = [(s, p.arch, out / p.arch / "obj") for p in plans for s in p.specs]
     cb = Progress(len(jobs_list)) if progress else None
-    objs = build.compile_jobs(jobs_list, workers=jobs, on_done=cb)
+    objs = compile_jobs(jobs_list, workers=jobs, on_done=cb)
     res, i = {}, 0
     for p in plans:
         res[p.arch] = objs[i : i + len(p.specs)]
@@ -245,12 +250,53 @@ def _say_plan(plans: Sequence[ArchPlan]) -> None:
             print(f"aot: {p.arch}: NO KERNELS, no library will be built for it: {p.reason}", flush=True)
 
 
+def read_specs(path) -> list:
+    """The specs listed in the JSON file ``path`` (``[{"family", "params"[, "name"]}, ...]``), in order, without
+    repeats; ValueError naming the file and the entry that breaks the format."""
+    from .loader.spec import KernelSpec
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--specs {path}: cannot read a JSON spec list: {e}") from e
+    if not isinstance(data, list) or not data:
+        raise ValueError(f"--specs {path}: expected a non-empty JSON list of {{\"family\", \"params\"}} objects")
+    specs = []
+    for i, d in enumerate(data):
+        try:
+            specs.append(KernelSpec.from_json(d))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"--specs {path}: entry {i} is not a kernel spec ({type(e).__name__}: {e})") from e
+    return list(dict.fromkeys(specs))
+
+
+def plan_specs(archs: Sequence[str], specs: Sequence, modules: Sequence[str] = FAMILY_MODULES) -> tuple:
+    """Like :func:`plan_archs` for an explicit spec list: each spec for every arch of ``archs`` its family
+    builds (a spec of a family the AOT build does not enumerate, e.g. the loader's self-test, for every arch)."""
+    fams, absent = load_families(modules)
+    fam_archs = {f.name: f.archs for f in fams}
+    plans = []
+    for arch in archs:
+        p = ArchPlan(arch)
+        for s in specs:
+            if arch in fam_archs.get(s.family, (arch,)):
+                p.specs.append(s)
+                p.per_family[s.family] = p.per_family.get(s.family, 0) + 1
+        for fam in sorted({s.family for s in specs} - set(p.per_family)):
+            p.notes.append(f"family {fam} builds only {', '.join(fam_archs[fam])}")
+        plans.append(p)
+    return plans, fams, absent
+
+
 def main(argv: Optional[list] = None) -> int:
     from . import cli
 
     ap = cli.parser("aot", __doc__)
     ap.add_argument("--archs", default="sm_90a", help=f"comma- or semicolon-separated, of {', '.join(AOT_ARCHS)}")
-    ap.add_argument("--subset", default="full", choices=list(SUBSETS))
+    ap.add_argument("--subset", default=None, choices=list(SUBSETS), help="kernels to build (default full)")
+    ap.add_argument("--specs", metavar="FILE", default=None,
+                    help="build exactly the specs in FILE (JSON [{family, params}, ...], e.g. from "
+                         "scripts/device_specs.py) instead of a --subset")
     ap.add_argument("--out", help="prebuilt directory to write (manifest.json + <arch>/kernels.so)")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="compile processes (default 2)")
     mode = ap.add_mutually_exclusive_group()
@@ -259,13 +305,23 @@ def main(argv: Optional[list] = None) -> int:
                       help="compile + prepare the link in --out/<arch>/ (link.json) without linking (for CMake)")
     ap.add_argument("--families", default=None,
                     help=f"comma-separated family modules to enumerate (default: {', '.join(FAMILY_MODULES)})")
-    ap.add_argument("--keep-objects", action="store_true", help="keep --out/.obj (exported .o/.h/.json)")
+    ap.add_argument("--keep-objects", action="store_true",
+                    help="keep --out/.obj (exported .o/.h/.json): a later build into the same --out reuses every "
+                         "object whose spec, arch, kernel sources and DSL version are unchanged")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
     modules = tuple(m.strip() for m in a.families.split(",") if m.strip()) if a.families else FAMILY_MODULES
+    if a.specs and a.subset:
+        print("aot: error: --specs and --subset exclude each other (--specs builds exactly the listed specs)",
+              file=sys.stderr)
+        return 2
+    subset = "specs" if a.specs else (a.subset or "full")
     try:
         archs = parse_archs(a.archs)
-        plans, fams, absent = plan_archs(archs, a.subset, modules)
+        if a.specs:
+            plans, fams, absent = plan_specs(archs, read_specs(a.specs), modules)
+        else:
+            plans, fams, absent = plan_archs(archs, subset, modules)
     except (ValueError, AotError) as e:
         print(f"aot: error: {e}", file=sys.stderr)
         return 2
@@ -287,7 +343,7 @@ def main(argv: Optional[list] = None) -> int:
 
     t0 = time.perf_counter()
     total = sum(len(p.specs) for p in built)
-    print(f"aot: compiling {total} kernels for {', '.join(p.arch for p in built)} ({a.subset}) with {a.jobs} "
+    print(f"aot: compiling {total} kernels for {', '.join(p.arch for p in built)} ({subset}) with {a.jobs} "
           f"workers -> {out}", flush=True)
     work = out if a.objects_only else out / ".obj"
     try:
@@ -309,7 +365,7 @@ def main(argv: Optional[list] = None) -> int:
         meta = build.link_shared_library(objs[p.arch], out / p.arch / "kernels.so", meta_path=out / p.arch / "meta.json")
         metas.append(out / p.arch / "meta.json")
         print(f"aot: {p.arch}: kernels.so {meta['size'] / 2**20:.1f} MiB, {len(p.specs)} kernels", flush=True)
-    m = write_manifest(out, metas, extra=manifest_extra(plans, fams, absent, a.subset, "g++"))
+    m = write_manifest(out, metas, extra=manifest_extra(plans, fams, absent, subset, "g++"))
     if not a.keep_objects:
         shutil.rmtree(out / ".obj", ignore_errors=True)
     print(f"aot: done in {time.perf_counter() - t0:.0f} s (compile {t_compile:.0f} s): {len(m['kernels'])} kernels, "

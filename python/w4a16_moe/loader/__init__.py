@@ -11,7 +11,7 @@
 Each decision is logged at INFO on the ``"w4a16_moe"`` logger (``W4A16_MOE_LOG=info``); :func:`kernel_status`
 answers the same question without building or loading anything (for ``doctor`` and provider checks). The
 callable is a :class:`~.library.Kernel`: ``kernel(*args)`` launches with Python ints/floats (pointers,
-scalars, stream handle; see :mod:`.library` for the argument conventions and :mod:`.build` for the C ABI);
+scalars, stream handle; see :mod:`.library` for the argument conventions and :mod:`.shim` for the C ABI);
 grouped-GEMM kernels can also launch through the stable-ABI torch op library (:mod:`.torch_op`).
 
 The loader modules import neither ``cutlass`` nor ``torch`` nor CUDA Python (the DSL is imported only to compile).
@@ -86,7 +86,7 @@ def kernel_status(spec: KernelSpec, arch: str) -> tuple:
     """``(source, reason)`` for ``spec`` on ``arch`` without building or loading anything: ``source`` is
     ``"prebuilt"``, ``"jit-cache"``, ``"jit"`` (would be compiled on first use) or None (not available),
     ``reason`` says why (e.g. why no prebuilt kernel matched and why JIT cannot run)."""
-    from . import build, jit_cache, prebuilt
+    from . import jit_cache, prebuilt, toolchain
 
     if (spec, arch) in _KERNELS:
         return _ORIGIN.get((spec, arch), "prebuilt"), "already loaded in this process"
@@ -101,7 +101,7 @@ def kernel_status(spec: KernelSpec, arch: str) -> tuple:
         return "jit-cache", f"no prebuilt ({why}); JIT cache {hit.library}"
     if jit_disabled():
         return None, f"no prebuilt ({why}), not in the JIT cache, and W4A16_MOE_DISABLE_JIT is set"
-    if not build.dsl_importable():
+    if not toolchain.dsl_importable():
         return None, f"no prebuilt ({why}), not in the JIT cache, and the CuTe DSL (nvidia-cutlass-dsl) is not installed"
     return "jit", f"no prebuilt ({why}); would JIT-compile on first use"
 
@@ -158,12 +158,12 @@ def kernel_origin(spec: KernelSpec, arch: str) -> Optional[str]:
 
 def describe() -> dict:
     """Loader state for ``python -m w4a16_moe doctor`` (flat, printable values)."""
-    from . import build, jit_cache, prebuilt
+    from . import identity, jit_cache, prebuilt, toolchain
 
     d = {
         "cache_dir": f"{cache_dir()} ({jit_cache.cache_dir_source()})",
         "jit": "disabled (W4A16_MOE_DISABLE_JIT)" if jit_disabled() else "enabled",
-        "cute_dsl": (f"importable (nvidia-cutlass-dsl {build.dsl_version()})" if build.dsl_importable() else "not installed (JIT unavailable)"),
+        "cute_dsl": (f"importable (nvidia-cutlass-dsl {identity.dsl_version()})" if toolchain.dsl_importable() else "not installed (JIT unavailable)"),
         "families": ", ".join(registered_families()),
         "kernels_loaded": len(_KERNELS),
     }
@@ -178,7 +178,7 @@ def describe() -> dict:
         d["prebuilt"] = (
             f"{p['kernels']} kernels in {p['libraries']} libraries at {p['dir']} ({p.get('subset') or 'unknown'} subset; "
             f"package {p['package_version']}"
-            f"{'' if p['matches_installed'] else f', MISMATCH with installed {build.package_version()}: not used'}; "
+            f"{'' if p['matches_installed'] else f', MISMATCH with installed {identity.package_version()}: not used'}; "
             + ", ".join(f"{a}: {n}" for a, n in p["per_arch"].items())
             + ")"
         )
@@ -187,7 +187,7 @@ def describe() -> dict:
     for arch, why in (p.get("empty_archs") or {}).items():
         d[f"prebuilt_{arch}"] = f"no kernels in this build: {why}"
     try:
-        tk = build.find_cuda_toolkit()
+        tk = toolchain.find_cuda_toolkit()
         d["link_toolchain"] = f"cudart_static {tk.runtime_version} at {tk.cudart_static}"
     except Exception as e:
         d["link_toolchain"] = f"unavailable ({e})"

@@ -11,7 +11,7 @@ Location (:func:`cache_dir`):
 Layout::
 
     <cache>/v1/<arch>/<spec.name>-<key>/          one entry = one kernel
-        <spec.name>.so                            self-contained library (see build.py for its ABI)
+        <spec.name>.so                            self-contained library (see shim.py for its ABI)
         meta.json                                 build.py's meta + a "cache" object (below)
         obj/<spec.name>.{h,o,json}                exported header/object + sidecar (for inspection)
     <cache>/v1/<arch>/<spec.name>-<key>.lock      fcntl lock file of that entry
@@ -48,6 +48,7 @@ from typing import Optional
 
 from .. import settings
 from ._log import get_logger
+from .identity import ABI_VERSION, META_FORMAT, dsl_version, sha256_file
 from .spec import KernelSpec, check_arch, family_source_hash
 
 log = get_logger()
@@ -123,8 +124,6 @@ def cache_dir_source() -> str:
 # keys and validation
 # ------------------------------------------------------------------------------------------------------
 def entry_key(spec: KernelSpec, arch: str) -> str:
-    from .build import ABI_VERSION, dsl_version
-
     blob = json.dumps([spec.name, arch, dsl_version(), family_source_hash(spec.family), ABI_VERSION])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -140,8 +139,6 @@ def library_path(entry: Path, spec: KernelSpec) -> Path:
 
 def validate_entry(entry: Path, spec: KernelSpec, arch: str, key: Optional[str] = None) -> tuple:
     """``(ok, reason)`` for a cache entry directory."""
-    from .build import META_FORMAT, sha256_file
-
     if not entry.is_dir():
         return False, "missing"
     meta_p = entry / "meta.json"
@@ -247,7 +244,7 @@ def get_or_build(spec: KernelSpec, arch: str, root: Optional[Path] = None, *, co
         raise JitDisabledError(
             spec, arch, f"W4A16_MOE_DISABLE_JIT is set and the JIT cache has no valid entry ({reason} at {entry})" + (f"; {context}" if context else "")
         )
-    from .build import dsl_importable
+    from .toolchain import dsl_importable
 
     if not dsl_importable():
         raise KernelNotAvailableError(
@@ -281,7 +278,7 @@ def get_or_build(spec: KernelSpec, arch: str, root: Optional[Path] = None, *, co
 
 
 def _build_into(tmp: Path, spec: KernelSpec, arch: str, key: str) -> dict:
-    from .build import ABI_VERSION, compile_objects, dsl_version, link_shared_library
+    from .build import compile_objects, link_shared_library
 
     t0 = time.perf_counter()
     objs = compile_objects([spec], arch, tmp / "obj")

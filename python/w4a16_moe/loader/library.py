@@ -2,7 +2,7 @@
 
 No DSL, torch or CUDA Python package is needed: the library is self-contained (static cudart inside).
 
-Entry points used (see :mod:`.build` for the full C ABI)::
+Entry points used (see :mod:`.shim` for the full C ABI)::
 
     const char *w4a16_moe_library_info(void);          // {"abi_version", "arch", "kernels": [...]}
     int32_t     P_module_load(P_Kernel_Module_t *m);   // once per process, lazily, before the first launch

@@ -37,6 +37,7 @@ from typing import Optional
 
 from .. import settings
 from ._log import get_logger
+from .identity import ABI_VERSION, dsl_version, package_version, sha256_file
 from .spec import KernelSpec
 
 log = get_logger()
@@ -98,8 +99,6 @@ def _diff_params(a: dict, b: dict) -> str:
 
 def lookup(spec: KernelSpec, arch: str, directory: Optional[Path] = None) -> tuple:
     """``(PrebuiltMatch | None, reason)``: the prebuilt library holding ``spec`` for ``arch``, or why not."""
-    from .build import ABI_VERSION, package_version
-
     d = Path(directory) if directory else prebuilt_dir()
     m, reason = load_manifest(d)
     if m is None:
@@ -151,8 +150,6 @@ def lookup(spec: KernelSpec, arch: str, directory: Optional[Path] = None) -> tup
 
 
 def _verify_library(d: Path, manifest: dict, rel: str) -> tuple:
-    from .build import sha256_file
-
     key = str((d / rel).resolve())
     with _LOCK:
         if key in _VERIFIED:
@@ -172,10 +169,8 @@ def write_manifest(directory, meta_paths, extra: Optional[dict] = None) -> dict:
     """Write ``<directory>/manifest.json`` from the ``meta.json`` files of libraries inside ``directory``
     (plus the fields of ``extra``, e.g. the AOT build's per-arch and per-family summary).
 
-    For the AOT step: ``build.build_library(specs, arch, <dir>/<arch>/kernels.so)`` per arch, then this.
+    The AOT build (``python -m w4a16_moe aot``) links ``<dir>/<arch>/kernels.so`` per arch, then calls this.
     """
-    from .build import ABI_VERSION, dsl_version, package_version
-
     d = Path(directory).resolve()
     libs, kernels = [], []
     for mp in meta_paths:
@@ -212,8 +207,6 @@ def summary(directory: Optional[Path] = None) -> dict:
     m, reason = load_manifest(d)
     if m is None:
         return {"dir": str(d), "found": False, "reason": reason}
-    from .build import package_version
-
     return {
         "dir": str(d),
         "found": True,

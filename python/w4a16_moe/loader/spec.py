@@ -334,15 +334,17 @@ def registered_families() -> list:
 
 
 def family_source_hash(family: str) -> str:
-    """SHA-256 (hex, 16 digits) over the family's source files plus the loader's build code.
+    """SHA-256 (hex, 16 digits) over the family's source files plus the loader modules that shape every
+    artifact (:data:`.identity.ARTIFACT_SOURCES`: the generated shim, the compile/export/link recipe).
 
-    The loader's own ``build.py`` is included because the shim it generates is part of every artifact.
     Computed once per process per family (sources are not expected to change under a running process).
     """
     if family in _SOURCE_HASHES:
         return _SOURCE_HASHES[family]
+    from .identity import artifact_source_files
+
     info = get_family(family)
-    files = sorted(set(info.source_files()) | {Path(__file__).with_name("build.py").resolve()})
+    files = sorted(set(info.source_files()) | set(artifact_source_files()))
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode() + b"\0")

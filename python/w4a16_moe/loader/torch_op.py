@@ -2,7 +2,7 @@
 
 It defines ``torch.ops.w4a16_moe_C.grouped_gemm(launch_fn, module, w, act, out, sorted_routes, route_start,
 block_start, topk_weights, ws, counters, num_experts, n, k, num_routes, top_k, max_tiles, num_splits)``, which
-calls a grouped-GEMM kernel's C entry (``P_launch`` of a kernel library, see :mod:`.build`) on torch's current
+calls a grouped-GEMM kernel's C entry (``P_launch`` of a kernel library, see :mod:`.shim`) on torch's current
 CUDA stream of ``act``'s device: about half the host overhead of the ctypes path (toolchain notes: 8.4 vs
 15.6 us per call on the H200). Built against torch's stable ABI for torch 2.10, it loads in every
 torch >= 2.10 and every Python 3.
