@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The W1/W2 benchmark of two revisions in one GPU run, alternating them (A B B A per workload), so that both see
+# the same machine state: scripts/ab_bench.sh OLD_ROOT [ROUNDS]
+#   OLD_ROOT: a tree of the previous revision (its python/) with its prebuilt kernels in OLD_ROOT/prebuilt;
+#   the current checkout uses .device/prebuilt. Results: $OUT/ab_<rev>_<workload>_<n>.json and the table of
+#   scripts/ab_summary.py in $OUT/ab_summary.md (per row: each revision's median of its runs, new / old).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+old=$(cd "${1:?usage: scripts/ab_bench.sh OLD_ROOT [ROUNDS]}" && pwd)
+rounds=${2:-1}
+export PYTHONUNBUFFERED=1 W4A16_MOE_DISABLE_JIT=1
+run() {  # rev root prebuilt workload n
+  local rev=$1 root=$2 pb=$3 wl=$4 n=$5
+  PYTHONPATH=$root/python W4A16_MOE_PREBUILT_DIR=$pb timeout "${AB_TIMEOUT:-240}" \
+    python -m w4a16_moe bench --workload "$wl" --providers cute --json "$OUT/ab_${rev}_${wl}_${n}.json" \
+    2>&1 | tail -n 30 | sed "s/^/[$rev $wl $n] /"
+}
+for wl in kimi-tp8 deepseek-ep8; do
+  for n in $(seq 1 "$rounds"); do
+    run old "$old" "$old/prebuilt" "$wl" "a$n"
+    run new "$PWD" "$PWD/.device/prebuilt" "$wl" "a$n"
+    run new "$PWD" "$PWD/.device/prebuilt" "$wl" "b$n"
+    run old "$old" "$old/prebuilt" "$wl" "b$n"
+  done
+done
+python3 scripts/ab_summary.py "$OUT" | tee "$OUT/ab_summary.md"
