@@ -1,7 +1,8 @@
 """The checkpoint's quantization format, read from ``config.json``'s ``quantization_config``.
 
 ``quantization_config`` is looked up at the top level, then under ``text_config`` (multimodal
-models); ModelOpt exports without it are recognized by ``hf_quant_config.json``. Every field a format
+models); without it, ModelOpt exports are recognized by ``hf_quant_config.json`` and AutoGPTQ ones by
+``quantize_config.json``. Every field a format
 needs is checked here, so a later tensor error is about tensors only.
 """
 
@@ -123,10 +124,14 @@ def detect_format(cfg: dict, path: str) -> QuantFormat:
     qc = _quant_config(cfg)
     if qc is None:
         hf = os.path.join(path, "hf_quant_config.json")
+        autogptq = os.path.join(path, "quantize_config.json")
         if os.path.isfile(hf):
             with open(hf) as f:
                 q = json.load(f).get("quantization") or {}
             qc = {"quant_method": "modelopt", **q}
+        elif os.path.isfile(autogptq):  # AutoGPTQ / GPTQModel save their config beside config.json
+            with open(autogptq) as f:
+                qc = {"quant_method": "gptq", **json.load(f)}
         else:
             raise CheckpointError(
                 "config.json: no quantization_config (top level or text_config): not a quantized checkpoint"
@@ -136,7 +141,7 @@ def detect_format(cfg: dict, path: str) -> QuantFormat:
         return _compressed_tensors(qc)
     if method == "gptq":
         _bits(qc.get("bits"), "quantization_config.bits")
-        fmt = qc.get("checkpoint_format", "gptq")
+        fmt = qc.get("checkpoint_format", qc.get("format", "gptq"))
         if fmt not in ("gptq", "gptq_v2"):
             raise CheckpointError(f"quantization_config.checkpoint_format: expected gptq or gptq_v2, got {fmt!r}")
         return QuantFormat("gptq", _group(qc.get("group_size"), "quantization_config.group_size"),
@@ -151,6 +156,7 @@ def detect_format(cfg: dict, path: str) -> QuantFormat:
         return QuantFormat("awq", _group(qc.get("group_size", qc.get("q_group_size")), "quantization_config.group_size",
                                          False), False)
     if method == "modelopt":
+        qc = {**(qc.get("quantization") or {}), **qc}  # hf_quant_config.json nests the fields
         algo = str(qc.get("quant_algo", "")).upper()
         if algo != "NVFP4":
             raise CheckpointError(f"quantization_config.quant_algo: only ModelOpt NVFP4 is supported, got {algo!r}")

@@ -42,7 +42,7 @@ def _specs(fmt: QuantFormat) -> list[_Spec]:
     g = "g" if fmt.group_size is not None else None
     if fmt.kind == "ct_int4":
         return [_Spec("weight_packed", 0, 1, 1, 8), _Spec("weight_scale", 0, 1, 1 if g else None, g or 1),
-                _Spec("weight_zero_point", 0, 8, 1, "g", required=not fmt.symmetric)]
+                *([] if fmt.symmetric else [_Spec("weight_zero_point", 0, 8, 1, "g")])]
     if fmt.kind in ("ct_nvfp4", "ct_mxfp4"):
         out = [_Spec("weight_packed", 0, 1, 1, 2), _Spec("weight_scale", 0, 1, 1, fmt.group_size)]
         if fmt.kind == "ct_nvfp4":
