@@ -144,9 +144,11 @@ def ct_nvfp4_dequantize_fp32(path: str, e: int) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# GPTQ: AutoGPTQ's packer (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py, QuantLinear.pack; GPTQModel's
-# gptqmodel/nn_modules/qlinear/__init__.py PackableQuantLinear.pack writes the same v1 layout) and its
-# published dequantization (the torch fallback of QuantLinear.forward)
+# GPTQ: AutoGPTQ's packer (auto_gptq/nn_modules/qlinear/qlinear_cuda_old.py, QuantLinear.pack; GPTQModel 7.7
+# packs the same words in gptqmodel/nn_modules/qlinear/__init__.py PackableQuantLinear.pack, with zeros in v2
+# form, and gptqmodel/utils/model.py convert_gptq_v2_to_v1_format stores zero - 1 for checkpoint_format
+# "gptq") and the published dequantization (AutoGPTQ's torch QuantLinear.forward; GPTQModel's
+# dequantize_weight without the + 1 for v2). Neither installs CPU-only (CUDA extensions), hence the copy.
 # ------------------------------------------------------------------------------------------------
 
 def gptq_quantize(w: torch.Tensor, group: Optional[int], sym: bool, g_idx: torch.Tensor):
