@@ -552,3 +552,14 @@ def test_swiglu_oai_activation_strings():
     g = torch.tensor([7.0, -1.0])
     want = g * torch.sigmoid(1.702 * g) * (torch.tensor([7.0, -7.0]) + 1)
     torch.testing.assert_close(apply_activation(h, "swiglu_oai")[0], want)
+
+
+@CT
+def test_non_gated_layer_reads_up_and_down(tmp_path):
+    path = str(tmp_path / "c")
+    w13, w2 = cw.write_compressed_tensors(path, "int4_g64", e=2, h=128, i=128)
+    _rewrite(path, lambda t: [t.pop(k) for k in [k for k in t if ".gate_proj." in k]])
+    w = wm.load_experts(path, cw.PREFIX, activation="relu2")
+    assert not w.gated and w.w13.n == 128
+    _bits_equal(_as(w13.dtype, w)[0], w13[:, 128:])
+    _bits_equal(_as(w2.dtype, w)[1], w2)
