@@ -37,6 +37,11 @@ def quantize_experts(
         if t.dim() != 3:
             raise ValueError(f"{name}: expected a 3-D tensor, got shape {tuple(t.shape)}")
     e, n13, h = w13.shape
+    if tuple(w2.shape[:2]) != (e, h) and w2.shape[0] == e and n13 == w2.shape[1]:
+        raise ValueError(
+            f"w13: shape {tuple(w13.shape)} looks transposed: its {n13} rows equal w2's H; w13 must be "
+            f"[E, 2I|I, H] (rows are outputs) for w2 of shape {tuple(w2.shape)}"
+        )
     if tuple(w2.shape[:2]) != (e, h):
         raise ValueError(f"w2: expected shape [E={e}, H={h}, I], got {tuple(w2.shape)}")
     i = w2.shape[2]

@@ -1,6 +1,7 @@
 """FP32 references of the fused MoE ops, on any device (CPU included).
 
 The references dequantize the 4-bit weights exactly (:func:`w4a16_moe.formats.dequantize_matrix`),
+add the optional per-expert biases (``w13_bias`` after the first GEMM, ``w2_bias`` after the second),
 compute every GEMM and the activation in FP32 and combine the routes of a token in top-k order.
 They return FP32 tensors; the ``backend="reference"`` provider of ``fused_moe`` casts to x's dtype.
 """
@@ -34,8 +35,13 @@ def _expert_mlp(x: torch.Tensor, weights: MoEWeights, e: int, activation: str) -
     the single-process result exactly.
     """
     h = x.double() @ _expert(weights.w13, e).double().t()
+    if weights.w13_bias is not None:
+        h = h + weights.w13_bias[e].double()
     a = apply_activation(h, activation)
-    return (a @ _expert(weights.w2, e).double().t()).float()
+    y = a @ _expert(weights.w2, e).double().t()
+    if weights.w2_bias is not None:
+        y = y + weights.w2_bias[e].double()
+    return y.float()
 
 
 def reference_routes(

@@ -1,8 +1,12 @@
 """4-bit weight formats: schemes, canonical storage, quantization and checkpoint converters."""
 
 from .converters import (
+    from_awq,
     from_compressed_tensors,
+    from_compressed_tensors_fp4,
+    from_gptq,
     from_modelopt_nvfp4,
+    from_mxfp4,
     from_trtllm_per_channel,
     to_compressed_tensors,
     to_modelopt_nvfp4,
@@ -29,4 +33,8 @@ __all__ = [
     "to_trtllm_per_channel",
     "from_modelopt_nvfp4",
     "to_modelopt_nvfp4",
+    "from_compressed_tensors_fp4",
+    "from_mxfp4",
+    "from_gptq",
+    "from_awq",
 ]

@@ -67,7 +67,7 @@ def quantize_matrix(
         scale_dtype = w.dtype if w.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
     if scale_dtype not in _FLOAT_SCALE_DTYPES:
         raise TypeError(f"scale_dtype: expected bfloat16, float16 or float32, got {scale_dtype}")
-    wf = w.float()
+    wf = w.float().contiguous()  # a strided view quantizes like its contiguous copy
     g = sch.group_for(k)
     wg = _grouped(wf, g)
 
@@ -82,7 +82,7 @@ def quantize_matrix(
             q = torch.round(wg / sf_safe[..., None]) + zero[..., None]
             q = torch.where(sf[..., None] > 0, q, zero[..., None])
             codes = q.clamp(0, 15).to(torch.uint8).reshape(e, n, k)
-            zeros = zero.to(torch.uint8)
+            zeros = zero.to(torch.uint8).contiguous()
         else:
             absmax = wg.abs().amax(dim=-1)
             scale = (absmax / 7.0).to(scale_dtype)

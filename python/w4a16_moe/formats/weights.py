@@ -32,7 +32,7 @@ __all__ = ["QuantizedMatrix", "MoEWeights", "pack_nibbles", "unpack_nibbles"]
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """Pack uint8 codes ``[..., K]`` (values 0..15) into bytes ``[..., K/2]``, even index in the low nibble."""
     c = codes.to(torch.uint8)
-    return (c[..., 0::2] & 0xF) | ((c[..., 1::2] & 0xF) << 4)
+    return ((c[..., 0::2] & 0xF) | ((c[..., 1::2] & 0xF) << 4)).contiguous()
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -156,19 +156,26 @@ def _describe(t: Any) -> str:
     return type(t).__name__
 
 
-@dataclass
+_BIAS_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(repr=False)
 class MoEWeights:
     """Quantized weights of one MoE layer's experts.
 
     ``w13`` holds ``[E, 2I, H]`` (gate rows ``0..I-1``, then up rows) when ``gated``, else ``[E, I, H]``;
-    ``w2`` holds ``[E, H, I]``. Build it with :func:`w4a16_moe.quantize_experts` or one of the
-    ``from_*`` converters; every provider reads it through :meth:`packed_for`.
+    ``w2`` holds ``[E, H, I]``. Optional per-expert biases (gpt-oss): ``w13_bias [E, 2I|I]`` (same row
+    order as ``w13``) and ``w2_bias [E, H]``, FP32 or BF16, added after each GEMM. Build it with
+    :func:`w4a16_moe.quantize_experts`, :func:`w4a16_moe.load_experts` or one of the ``from_*``
+    converters; every provider reads it through :meth:`packed_for`.
     """
 
     scheme: Scheme
     w13: QuantizedMatrix
     w2: QuantizedMatrix
     gated: bool
+    w13_bias: Optional[torch.Tensor] = None
+    w2_bias: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         self.scheme = get_scheme(self.scheme)
@@ -191,28 +198,60 @@ class MoEWeights:
     def device(self) -> torch.device:
         return self.w13.device
 
+    @property
+    def has_bias(self) -> bool:
+        return self.w13_bias is not None or self.w2_bias is not None
+
+    def __repr__(self) -> str:
+        bias = "+".join(n for n, b in (("w13", self.w13_bias), ("w2", self.w2_bias)) if b is not None) or "none"
+        return (
+            f"MoEWeights(scheme={self.scheme.name}, E={self.num_experts}, H={self.hidden_size}, "
+            f"I={self.intermediate_size}, gated={self.gated}, device={self.device}, bias={bias})"
+        )
+
     def validate(self) -> None:
         """Check that w13 and w2 agree with each other and the scheme."""
         for name, m in (("w13", self.w13), ("w2", self.w2)):
+            if not isinstance(m, QuantizedMatrix):
+                raise TypeError(f"{name}: expected a QuantizedMatrix, got {type(m).__name__}")
             if m.scheme != self.scheme:
                 raise ValueError(f"{name}: scheme {m.scheme.name} differs from the weights' {self.scheme.name}")
             m.validate(name)
         e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        if self.w2.num_experts != e:
+            raise ValueError(f"w2: {self.w2.num_experts} experts, but w13 has {e}")
+        if self.w2.n != h and self.w13.n == self.w2.n:
+            raise ValueError(
+                f"w13: shape looks transposed: its {self.w13.n} rows equal w2's output rows H, but w13 must be "
+                f"[E, 2I|I, H] (rows = outputs, codes [E, N, H/2]); got codes of shape {tuple(self.w13.codes.shape)}"
+            )
+        if self.w2.n != h:
+            raise ValueError(
+                f"w2: expected {h} output rows (w13's hidden size H={h}: w2 is [E, H, I]), got {self.w2.n} "
+                f"(w2 codes of shape {tuple(self.w2.codes.shape)})"
+            )
         n13 = 2 * i if self.gated else i
         if self.w13.n != n13:
             kind = "gated (2I rows)" if self.gated else "non-gated (I rows)"
-            raise ValueError(f"w13: expected {n13} rows for a {kind} layer with I={i}, got {self.w13.n}")
-        if self.w2.num_experts != e:
-            raise ValueError(f"w2: {self.w2.num_experts} experts, but w13 has {e}")
-        if self.w2.n != h:
-            raise ValueError(f"w2: expected {h} output rows (hidden size of w13), got {self.w2.n}")
+            raise ValueError(f"w13: expected {n13} rows for a {kind} layer with I={i} (from w2), got {self.w13.n}")
         if self.w2.device != self.w13.device:
             raise ValueError(f"w2: on {self.w2.device}, but w13 is on {self.w13.device}")
+        for name, b, want in (("w13_bias", self.w13_bias, (e, n13)), ("w2_bias", self.w2_bias, (e, h))):
+            if b is None:
+                continue
+            if not isinstance(b, torch.Tensor) or b.dtype not in _BIAS_DTYPES or tuple(b.shape) != want:
+                raise ValueError(f"{name}: expected a float32 or bfloat16 tensor of shape {want}, got {_describe(b)}")
+            if b.device != self.w13.device:
+                raise ValueError(f"{name}: on {b.device}, but w13 is on {self.w13.device}")
+            if not b.is_contiguous():
+                raise ValueError(f"{name}: must be contiguous")
 
     def to(self, device: "torch.device | str") -> "MoEWeights":
         """A copy on ``device`` (provider-specific packed layouts are not copied; they are rebuilt)."""
         return MoEWeights(
-            self.scheme, self.w13.map(lambda t: t.to(device)), self.w2.map(lambda t: t.to(device)), self.gated
+            self.scheme, self.w13.map(lambda t: t.to(device)), self.w2.map(lambda t: t.to(device)), self.gated,
+            None if self.w13_bias is None else self.w13_bias.to(device),
+            None if self.w2_bias is None else self.w2_bias.to(device),
         )
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,36 +275,6 @@ class MoEWeights:
             cache[key] = build(self)
         return cache[key]
 
-    # -- converters (see formats.converters for the checkpoint layouts) ----------------------------
-    @classmethod
-    def from_compressed_tensors(cls, *args: Any, **kwargs: Any) -> "MoEWeights":
-        from .converters import from_compressed_tensors
-
-        return from_compressed_tensors(*args, **kwargs)
-
-    def to_compressed_tensors(self) -> dict:
-        from .converters import to_compressed_tensors
-
-        return to_compressed_tensors(self)
-
-    @classmethod
-    def from_trtllm_per_channel(cls, *args: Any, **kwargs: Any) -> "MoEWeights":
-        from .converters import from_trtllm_per_channel
-
-        return from_trtllm_per_channel(*args, **kwargs)
-
-    def to_trtllm_per_channel(self) -> dict:
-        from .converters import to_trtllm_per_channel
-
-        return to_trtllm_per_channel(self)
-
-    @classmethod
-    def from_modelopt_nvfp4(cls, *args: Any, **kwargs: Any) -> "MoEWeights":
-        from .converters import from_modelopt_nvfp4
-
-        return from_modelopt_nvfp4(*args, **kwargs)
-
-    def to_modelopt_nvfp4(self) -> dict:
-        from .converters import to_modelopt_nvfp4
-
-        return to_modelopt_nvfp4(self)
+    # The converters (``from_compressed_tensors``, ``to_modelopt_nvfp4``, ...) are attached by
+    # :mod:`w4a16_moe.formats.converters` as the functions themselves, so their signatures and
+    # docstrings show in ``help(MoEWeights)`` and ``inspect.signature``.
