@@ -4,7 +4,7 @@ Swap-AB formulation: ``D^T[N, M] = W[N, K] . X^T[K, M]``. Weight rows are the WG
 (``m64`` blocks, register operand A, INT4 dequantized in registers), routed tokens the WGMMA ``N``
 dimension (``TN`` tokens per tile, shared-memory operand B: gathered rows of x or h, 128-byte
 swizzled, K-major). FP32 accumulation. Weights come pre-permuted by
-:func:`.sm90_pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
+:func:`..sm90_pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
 ``64*X`` rows, K tile of ``BK``)).
 
 CTA = ``128 * (1 + consumer_wgs)`` threads:
@@ -102,8 +102,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from . import sm90_ptx as ptx
-from .sm90_config import ACT_CODES, GATED as _GATED, Sm90GemmConfig, check_setmaxnreg
+from ..common import ptx
+from .config import ACT_CODES, GATED as _GATED, Sm90GemmConfig, check_setmaxnreg
 
 __all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
 
