@@ -92,8 +92,6 @@ Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cuda.bindings.driver as cuda
 
 import cutlass
@@ -103,7 +101,9 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from ..common import ptx
-from .config import ACT_CODES, GATED as _GATED, Sm90GemmConfig, check_setmaxnreg
+from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, check_dtype
+from ..common.epilogue import EpilogueShape, finish_store, publish_split
+from .config import Sm90GemmConfig, check_setmaxnreg
 
 __all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
 
@@ -127,8 +127,7 @@ class Sm90W4A16GroupedGemm:
         c = cfg
         if c.mode not in ("gate_up", "down"):
             raise ValueError(f"mode {c.mode!r}")
-        if c.dtype not in ("bf16", "fp16"):
-            raise ValueError(f"dtype {c.dtype!r}")
+        check_dtype(c.dtype)
         if c.k_tile not in (64, 128):
             # the activation gather gives each producer thread rows r0 + j * (128 // (BK / 8)), which
             # must keep r0 % 8 (its swizzle phase) fixed: BK <= 128
@@ -201,7 +200,6 @@ class Sm90W4A16GroupedGemm:
         self.nepi = 128 if self.PP else self.ncons  # threads that consume one stage / share one epilogue
         # epilogue: FP32 staging [TN][64X + 4] reusing the B ring
         self.cols = 64 * self.X  # accumulator columns (weight rows) per CTA
-        self.cols_out = self.cols // 2 if c.gated else self.cols
         self.rs = self.cols + 4  # padded staging row stride (FP32 elements): conflict-free writes
         self.epi_bytes = self.TN * self.rs * 4
         # one row block per CTA: the epilogue stages in the B ring (the producer is done by then);
@@ -212,8 +210,10 @@ class Sm90W4A16GroupedGemm:
         if smem > 227 * 1024:
             raise ValueError(f"{c.name()}: needs about {smem} bytes of shared memory")
         self.smem_bytes = smem
-        self.magic = 0x43004300 if self.is_bf16 else 0x64006400
-        self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
+        self.magic = INT4_MAGIC[c.dtype]
+        self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
+        self.epi_shape = EpilogueShape(tokens=self.TN, cols=self.cols, threads=self.nepi, mode=c.mode, epi=epi,
+                                       activation=c.activation, gated=c.gated, is_bf16=self.is_bf16)
 
     # ------------------------------------------------------------------------------------------
     def fake_args(self) -> list:
@@ -625,12 +625,12 @@ class Sm90W4A16GroupedGemm:
             x = xl if const_expr(self.PP) else cw * XW + xl
             saddr = wbase + self.code_bytes + (x * 32 + q) * (gpt * 4)
             sw = self._lds_words(saddr, gpt)
-            s_lo.append([ptx.prmt(v, 0x1010) for v in sw])
-            s_hi.append([ptx.prmt(v, 0x3232) for v in sw])
+            s_lo.append([ptx.prmt_imm(v, 0x1010) for v in sw])
+            s_hi.append([ptx.prmt_imm(v, 0x3232) for v in sw])
             if const_expr(self.cfg.zero_point):
                 bw = self._lds_words(saddr + self.scale_bytes, gpt)
-                b_lo.append([ptx.prmt(v, 0x1010) for v in bw])
-                b_hi.append([ptx.prmt(v, 0x3232) for v in bw])
+                b_lo.append([ptx.prmt_imm(v, 0x1010) for v in bw])
+                b_hi.append([ptx.prmt_imm(v, 0x3232) for v in bw])
             words = []
             for cc in cutlass.range_constexpr(C):
                 words.append(ptx.ld_shared_v4(wbase + ((x * C + cc) * 128 + ct) * 16))
@@ -657,8 +657,8 @@ class Sm90W4A16GroupedGemm:
         raw, s_lo, s_hi, b_lo, b_hi = tw_
         g = self.cfg.group
         gi = (kb * 16) // g if (g and g <= self.BK) else 0
-        magic = Int32(ptx._u32(self.magic))
-        sym = Int32(ptx._u32(self.sym_bias))
+        magic = Int32(ptx.signed32(self.magic))
+        sym = Int32(ptx.signed32(self.sym_bias))
         for xl in cutlass.range_constexpr(self.XW):
             word = raw[xl][kb // 4][kb % 4]
             if const_expr(self.cfg.fp4):
@@ -689,7 +689,7 @@ class Sm90W4A16GroupedGemm:
         mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
         sgn_shift = 12 - 4 * i  # nibble bit 3 -> bit 15
         sgn = (word << sgn_shift) if sgn_shift > 0 else word
-        sgn = sgn & Int32(ptx._u32(0x80008000))
+        sgn = sgn & Int32(ptx.signed32(0x80008000))
         mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
         return ptx.lop3_and_or(mag, mag_mask, sgn)
 
@@ -761,19 +761,6 @@ class Sm90W4A16GroupedGemm:
         return res
 
     # ------------------------------------------------------------------------------------------
-    @cute.jit
-    def _act(self, gate, up):
-        a = self.cfg.activation
-        if const_expr(a == "swiglu"):
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
-        elif const_expr(a == "geglu"):
-            return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
-        elif const_expr(a == "relu2"):
-            r = cutlass.max(gate, Float32(0.0))
-            return r * r
-        else:  # silu
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
-
     def _acc_crd(self, v, rh, j, x, tn):
         """Coordinate of accumulator element (col pair v, row half rh, n8 block j, m64 block x) of a WGMMA
         N = ``tn`` accumulator."""
@@ -784,12 +771,8 @@ class Sm90W4A16GroupedGemm:
     @cute.jit
     def _epilogue(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
                   nb, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs):
-        cfg = self.cfg
         slot0, count = self._tile_routes(misc_addr, g_rs, g_bs, tile)
-        TN, XW, X = self.TN, self.XW, self.X
-        rs = self.rs
-        cols = self.cols
-        nthr = self.nepi
+        XW, rs, nthr = self.XW, self.rs, self.nepi
         tid = ct if const_expr(self.PP) else cw * 128 + ct
         bar_id = 1 + cw if const_expr(self.PP) else 1
         xoff = 0 if const_expr(self.PP) else cw * XW
@@ -810,97 +793,11 @@ class Sm90W4A16GroupedGemm:
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
 
         # (B) split-K: publish this split's partial tile, the last split to arrive finishes
-        nb_count = n // cols
-        tile_id = tile * nb_count + nb
-        tile_elems = TN * cols
-        ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
-        is_last = Int32(1)
         last_ofs = 4 + 4 * cw if const_expr(self.PP) else 4  # misc word 1 (ping-pong: 1 + warpgroup)
-        if num_splits > 1:
-            vpr = cols // 4
-            for it in cutlass.range_constexpr((TN * vpr + nthr - 1) // nthr):
-                idx = tid + it * nthr
-                i = idx // vpr
-                vv = idx % vpr
-                if i < count:
-                    d = ptx.ld_shared_v4(stg_addr + (i * rs + vv * 4) * 4)
-                    dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
-                    ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
-            ptx.fence_acq_rel_gpu()
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
-            if tid == 0:
-                cnt_addr = counters.toint() + Int64(tile_id) * 4
-                old = ptx.atom_add_gpu(cnt_addr, 1)
-                last = Int32(0)
-                if old == num_splits - 1:
-                    last = Int32(1)
-                    ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
-                ptx.fence_acq_rel_gpu()
-                ptx.st_shared_b32(misc_addr + last_ofs, last)
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
-            is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
-            ptx.fence_acq_rel_gpu()
+        ws_base, _, is_last = publish_split(self.epi_shape, tid, stg_addr, misc_addr, last_ofs, ws, counters, n, nb,
+                                            tile, split, num_splits, count, bar_id)
 
         # (C) finish: 8 output columns per item
         if is_last != 0:
-            cols_out = self.cols_out
-            vpo = cols_out // 8
-            out_base = out.toint()
-            r_a = cute.make_rmem_tensor((8,), Float32)
-            r_b = cute.make_rmem_tensor((8,), Float32)
-            for it in cutlass.range_constexpr((TN * vpo + nthr - 1) // nthr):
-                idx = tid + it * nthr
-                i = idx // vpo
-                vv = idx % vpo
-                if i < count:
-                    self._gather8(r_a, stg_addr, ws_base, num_splits, tile_elems, i, vv * 8)
-                    if const_expr(cfg.gated):
-                        self._gather8(r_b, stg_addr, ws_base, num_splits, tile_elems, i, cols_out + vv * 8)
-                        vals = [self._act(r_a[q], r_b[q]) for q in range(8)]
-                    elif const_expr(cfg.mode == "gate_up"):
-                        vals = [self._act(r_a[q], r_a[q]) for q in range(8)]
-                    else:
-                        vals = [r_a[q] for q in range(8)]
-                    slot = slot0 + i
-                    if const_expr(cfg.epi == "h"):
-                        ldo = n // 2 if const_expr(cfg.gated) else n
-                        off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
-                        self._store8(out_base + off * 2, vals)
-                    elif const_expr(cfg.epi == "y"):
-                        route = g_routes[slot]
-                        off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
-                        self._store8(out_base + off * 2, vals)
-                    else:  # atomic_f32
-                        route = g_routes[slot]
-                        tok = route // top_k
-                        twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
-                        off = Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)
-                        ptx.red_add_v4_f32(out_base + off * 4, vals[0] * twt, vals[1] * twt, vals[2] * twt,
-                                           vals[3] * twt)
-                        ptx.red_add_v4_f32(out_base + off * 4 + 16, vals[4] * twt, vals[5] * twt, vals[6] * twt,
-                                           vals[7] * twt)
-
-    @cute.jit
-    def _gather8(self, res, stg_addr, ws_base, num_splits, tile_elems, i, col):
-        """Fill ``res`` (8 FP32, rmem) with staging row ``i`` from column ``col``: this CTA's tile, or the
-        fixed-order sum of every split's partial when split-K is on."""
-        if num_splits > 1:
-            res.fill(0.0)
-            for s in cutlass.range(num_splits, unroll=1):
-                base = ws_base + Int64((s * tile_elems + i * self.cols + col) * 4)
-                a = ptx.ld_global_cg_v4(base)
-                b = ptx.ld_global_cg_v4(base + 16)
-                for q in cutlass.range_constexpr(4):
-                    res[q] = res[q] + ptx.i32_as_f32(a[q])
-                    res[4 + q] = res[4 + q] + ptx.i32_as_f32(b[q])
-        else:
-            a = ptx.ld_shared_v4(stg_addr + (i * self.rs + col) * 4)
-            b = ptx.ld_shared_v4(stg_addr + (i * self.rs + col + 4) * 4)
-            for q in cutlass.range_constexpr(4):
-                res[q] = ptx.i32_as_f32(a[q])
-                res[4 + q] = ptx.i32_as_f32(b[q])
-
-    @cute.jit
-    def _store8(self, addr, vals):
-        p = [ptx.pack2_16(vals[2 * q], vals[2 * q + 1], self.is_bf16) for q in range(4)]
-        ptx.st_global_v4(addr, p[0], p[1], p[2], p[3])
+            finish_store(self.epi_shape, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
+                         num_routes, top_k, n, nb, None)

@@ -1,0 +1,30 @@
+"""Constants shared by the CuTe kernels' configs, the kernels and host code (no ``cutlass`` import).
+
+* :data:`ACT_CODES` / :data:`GATED`: the activations a gate/up kernel fuses and which of them are gated
+  (gate and up halves: ``act(gate) * up``);
+* :data:`DTYPES`: the activation / compute dtype names of every config (``bf16`` | ``fp16``);
+* the 16-bit bit patterns the INT4 decode uses, per dtype name, both halves of a packed word:
+  :data:`INT4_MAGIC` (exponent magic OR-ed onto a nibble: bf16 ``0x4300`` = 128.0, fp16 ``0x6400`` = 1024.0),
+  :data:`INT4_SYM_BIAS` (``-(magic + 8)``: the symmetric decode's bias), :data:`ONE_X2` (1.0) and
+  :data:`NEG_ZERO_X2` (-0.0, the addend of an exact scale FMA).
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACT_CODES", "GATED", "DTYPES", "INT4_MAGIC", "INT4_SYM_BIAS", "ONE_X2", "NEG_ZERO_X2", "check_dtype"]
+
+ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
+GATED = frozenset({"swiglu", "geglu"})
+
+DTYPES = ("bf16", "fp16")
+
+INT4_MAGIC = {"bf16": 0x43004300, "fp16": 0x64006400}
+INT4_SYM_BIAS = {"bf16": 0xC308C308, "fp16": 0xE408E408}
+ONE_X2 = {"bf16": 0x3F803F80, "fp16": 0x3C003C00}
+NEG_ZERO_X2 = 0x80008000
+
+
+def check_dtype(dtype: str) -> None:
+    """Raise ``ValueError`` naming ``dtype`` unless it is one of :data:`DTYPES`."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}")
