@@ -2,6 +2,7 @@
 
 * :data:`ACT_CODES` / :data:`GATED`: the activations a gate/up kernel fuses and which of them are gated
   (gate and up halves: ``act(gate) * up``);
+  (:func:`is_gated`; :func:`resolve_epilogue` resolves a grouped GEMM's ``epilogue="auto"``);
 * :data:`DTYPES`: the activation / compute dtype names of every config (``bf16`` | ``fp16``);
 * the 16-bit bit patterns the INT4 decode uses, per dtype name, both halves of a packed word:
   :data:`INT4_MAGIC` (exponent magic OR-ed onto a nibble: bf16 ``0x4300`` = 128.0, fp16 ``0x6400`` = 1024.0),
@@ -11,7 +12,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ACT_CODES", "GATED", "DTYPES", "INT4_MAGIC", "INT4_SYM_BIAS", "ONE_X2", "NEG_ZERO_X2", "check_dtype"]
+__all__ = ["ACT_CODES", "GATED", "DTYPES", "INT4_MAGIC", "INT4_SYM_BIAS", "ONE_X2", "NEG_ZERO_X2", "check_dtype", "is_gated",
+           "resolve_epilogue"]
 
 ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
 GATED = frozenset({"swiglu", "geglu"})
@@ -28,3 +30,15 @@ def check_dtype(dtype: str) -> None:
     """Raise ``ValueError`` naming ``dtype`` unless it is one of :data:`DTYPES`."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}")
+
+
+def is_gated(mode: str, activation: str) -> bool:
+    """Whether a kernel of ``mode`` fuses a gated activation (gate_up with swiglu / geglu: gate and up halves)."""
+    return mode == "gate_up" and activation in GATED
+
+
+def resolve_epilogue(mode: str, epilogue: str) -> str:
+    """A grouped GEMM config's epilogue: ``epilogue`` unless ``"auto"`` (gate_up: ``"h"``, down: ``"y"``)."""
+    if epilogue != "auto":
+        return epilogue
+    return "h" if mode == "gate_up" else "y"

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DecodeGemvConfig", "ACT_CODES", "GATED"]
+from ..common.codes import is_gated
 
-ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
-GATED = {"swiglu", "geglu"}
+__all__ = ["DecodeGemvConfig"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class DecodeGemvConfig:
 
     @property
     def gated(self) -> bool:
-        return self.mode == "gate_up" and self.activation in GATED
+        return is_gated(self.mode, self.activation)
 
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)

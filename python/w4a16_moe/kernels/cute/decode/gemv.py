@@ -62,7 +62,9 @@ from cutlass import Float32, Int32, Int64, const_expr
 
 from ..common import ptx
 from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, check_dtype
+from ..common.dequant import e2m1_pair
 from ..common.epilogue import act
+from ..common.grid import fake_launch_args
 from .config import DecodeGemvConfig
 
 __all__ = ["Sm90W4A16DecodeGemv", "DecodeGemvConfig", "PTXAS_OPTIONS"]
@@ -121,17 +123,8 @@ class Sm90W4A16DecodeGemv:
 
     # ------------------------------------------------------------------------------------------------------
     def fake_args(self) -> list:
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
         ab = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
-
-        def ptr(dt, align=16):
-            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-        return [
-            ptr(cutlass.Uint8), ptr(ab), ptr(ab), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
-            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
-        ] + [Int32(1)] * 7 + [make_fake_stream()]
+        return fake_launch_args(ab, ab)
 
     def compile(self, arch: str = "sm_90a"):
         """Cross-compile for ``arch`` (no GPU needed)."""
@@ -432,7 +425,7 @@ class Sm90W4A16DecodeGemv:
                     for i in cutlass.range_constexpr(4):
                         rh = i % 2
                         if const_expr(cfg.fp4):
-                            v = ptx.packed_mul(self._e2m1_pair(word, i), s_lo if rh == 0 else s_hi,
+                            v = ptx.packed_mul(e2m1_pair(word, i, self.is_bf16), s_lo if rh == 0 else s_hi,
                                                self.is_bf16)
                         else:
                             src = word if i == 0 else (word >> (4 * i))
@@ -449,17 +442,6 @@ class Sm90W4A16DecodeGemv:
                                   acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3], self.is_bf16)
                     for v in cutlass.range_constexpr(4):
                         acc[4 * x + v] = d[v]
-
-    @cute.jit
-    def _e2m1_pair(self, word, i: cutlass.Constexpr):
-        """E2M1 nibbles ``i`` (lo) and ``i + 4`` (hi) as a raw 16-bit pair (as in the SM90 kernel)."""
-        mag_shift = (9 if not self.is_bf16 else 6) - 4 * i
-        mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
-        sgn_shift = 12 - 4 * i
-        sgn = (word << sgn_shift) if sgn_shift > 0 else word
-        sgn = sgn & Int32(ptx.signed32(0x80008000))
-        mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
-        return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit

@@ -102,7 +102,9 @@ from cutlass.cute.nvgpu import warpgroup
 
 from ..common import ptx
 from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, check_dtype
+from ..common.dequant import e2m1_pair
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
+from ..common.grid import fake_launch_args, split_k_range, tile_expert
 from .config import Sm90GemmConfig, check_setmaxnreg
 
 __all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
@@ -219,16 +221,7 @@ class Sm90W4A16GroupedGemm:
     def fake_args(self) -> list:
         """Compile-time stand-ins for ``__call__``'s arguments (null pointers with their alignment,
         Int32 sizes, a fake stream): one compile serves every size."""
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
-        def ptr(dt, align=16):
-            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-        out_dt = Float32 if self.cfg.epi == "atomic_f32" else self.ab_dtype
-        return [
-            ptr(cutlass.Uint8), ptr(self.ab_dtype), ptr(out_dt), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
-            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
-        ] + [Int32(1)] * 7 + [make_fake_stream()]
+        return fake_launch_args(self.ab_dtype, Float32 if self.cfg.epi == "atomic_f32" else self.ab_dtype)
 
     def compile(self, arch: str = "sm_90a"):
         """Cross-compile (no GPU needed); export with ``compiled.export_to_c(dir, name, prefix)``."""
@@ -362,18 +355,9 @@ class Sm90W4A16GroupedGemm:
             cute.arch.griddepcontrol_launch_dependents()
         # which expert owns this tile: block_start[e] <= tile < block_start[e + 1], searched by all
         # threads in parallel (one round trip); no owner (tile >= block_start[E]) -> the CTA exits
-        for e_ in cutlass.range(tidx, num_experts, self.threads, unroll=1):
-            if g_bs[e_] <= tile:
-                if tile < g_bs[e_ + 1]:
-                    ptx.st_shared_b32(misc_addr, e_)
-        cute.arch.sync_threads()
-        e = ptx.ld_shared_b32(misc_addr)
+        e = tile_expert(g_bs, tile, num_experts, tidx, self.threads, misc_addr)
         if e >= 0:
-            # K range of this split
-            kt_total = k // BK
-            per_split = (kt_total + num_splits - 1) // num_splits
-            kt0 = split * per_split
-            nk = cutlass.max(cutlass.min(kt_total, kt0 + per_split) - kt0, 0)
+            _, kt0, nk = split_k_range(k, BK, split, num_splits)  # K range of this split
             if wg == 0:
                 if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
@@ -665,7 +649,7 @@ class Sm90W4A16GroupedGemm:
                 for i in cutlass.range_constexpr(4):
                     rh = i % 2
                     frag[(0, rh, i // 2), xl, kb] = ptx.packed_mul(
-                        self._e2m1_pair(word, i), s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
+                        e2m1_pair(word, i, self.is_bf16), s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
             else:
                 for i in cutlass.range_constexpr(4):
                     rh = i % 2
@@ -678,20 +662,6 @@ class Sm90W4A16GroupedGemm:
                     t = ptx.packed_add(t, bias, self.is_bf16)
                     t = ptx.packed_mul(t, s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
                     frag[(0, rh, i // 2), xl, kb] = t
-
-    @cute.jit
-    def _e2m1_pair(self, word, i: cutlass.Constexpr):
-        """The E2M1 codes of nibbles ``i`` (lo) and ``i + 4`` (hi) of ``word`` as a raw 16-bit pair whose
-        value is ``e2m1 * 2**-14`` (fp16) or ``e2m1 * 2**-126`` (bf16): the three magnitude bits land on
-        the lowest exponent bits and the top mantissa bit (exact, subnormals included), the sign bit on
-        bit 15. The pack folds ``2**14`` / ``2**126`` into the scales."""
-        mag_shift = (9 if not self.is_bf16 else 6) - 4 * i  # nibble bit 0 -> bit 9 (fp16) / 6 (bf16)
-        mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
-        sgn_shift = 12 - 4 * i  # nibble bit 3 -> bit 15
-        sgn = (word << sgn_shift) if sgn_shift > 0 else word
-        sgn = sgn & Int32(ptx.signed32(0x80008000))
-        mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
-        return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     @cute.jit
     def _mainloop(self, ct, cw, tn: cutlass.Constexpr, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk,

@@ -105,6 +105,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from ..common import ptx
 from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_dtype
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
+from ..common.grid import fake_launch_args, split_k_range, tile_expert
 from .config import WarpGemmConfig, e2m1_prmt_tables
 
 __all__ = ["WarpW4A16GroupedGemm", "WarpGemmConfig", "smem_limit", "arch_major"]
@@ -223,18 +224,8 @@ class WarpW4A16GroupedGemm:
     def fake_args(self) -> list:
         """Compile-time stand-ins for ``__call__``'s arguments (null pointers with their alignment, Int32
         sizes, a fake stream): one compile serves every size."""
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
         ab = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
-
-        def ptr(dt, align=16):
-            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-        out_dt = Float32 if self.cfg.epi == "atomic_f32" else ab
-        return [
-            ptr(cutlass.Uint8), ptr(ab), ptr(out_dt), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
-            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
-        ] + [Int32(1)] * 7 + [make_fake_stream()]
+        return fake_launch_args(ab, Float32 if self.cfg.epi == "atomic_f32" else ab)
 
     def compile(self, arch: str = "sm_90a"):
         """Cross-compile for ``arch`` (no GPU needed); export with ``compiled.export_to_c(dir, name, prefix)``."""
@@ -320,17 +311,9 @@ class WarpW4A16GroupedGemm:
             ptx.st_shared_b32(misc_addr, -1)
         cute.arch.sync_threads()
         # the expert owning this tile: block_start[e] <= tile < block_start[e + 1] (parallel search)
-        for e_ in cutlass.range(tidx, num_experts, T, unroll=1):
-            if g_bs[e_] <= tile:
-                if tile < g_bs[e_ + 1]:
-                    ptx.st_shared_b32(misc_addr, e_)
-        cute.arch.sync_threads()
-        e = ptx.ld_shared_b32(misc_addr)
+        e = tile_expert(g_bs, tile, num_experts, tidx, T, misc_addr)
         if e >= 0:
-            kt_total = k // BK
-            per_split = (kt_total + num_splits - 1) // num_splits
-            kt0 = split * per_split
-            nk = cutlass.max(cutlass.min(kt_total, kt0 + per_split) - kt0, 0)
+            kt_total, kt0, nk = split_k_range(k, BK, split, num_splits)
             slot0 = g_rs[e] + (tile - g_bs[e]) * TN
             count = cutlass.min(g_rs[e + 1] - slot0, TN)
             nb_count = n // self.RB
