@@ -3,7 +3,8 @@
 * :data:`ACT_CODES` / :data:`GATED`: the activations a gate/up kernel fuses and which of them are gated
   (gate and up halves: ``act(gate) * up``);
   (:func:`is_gated`; :func:`resolve_epilogue` resolves a grouped GEMM's ``epilogue="auto"``);
-* :data:`DTYPES`: the activation / compute dtype names of every config (``bf16`` | ``fp16``);
+* :data:`MODES` / :data:`DTYPES`: a kernel's GEMM (``gate_up`` | ``down``) and activation / compute dtype names
+  (``bf16`` | ``fp16``); the ``check_*`` functions raise ``ValueError`` naming a bad field;
 * the 16-bit bit patterns the INT4 decode uses, per dtype name, both halves of a packed word:
   :data:`INT4_MAGIC` (exponent magic OR-ed onto a nibble: bf16 ``0x4300`` = 128.0, fp16 ``0x6400`` = 1024.0),
   :data:`INT4_SYM_BIAS` (``-(magic + 8)``: the symmetric decode's bias), :data:`ONE_X2` (1.0) and
@@ -12,12 +13,15 @@
 
 from __future__ import annotations
 
-__all__ = ["ACT_CODES", "GATED", "DTYPES", "INT4_MAGIC", "INT4_SYM_BIAS", "ONE_X2", "NEG_ZERO_X2", "check_dtype", "is_gated",
-           "resolve_epilogue"]
+__all__ = [
+    "ACT_CODES", "GATED", "MODES", "DTYPES", "INT4_MAGIC", "INT4_SYM_BIAS", "ONE_X2", "NEG_ZERO_X2", "is_gated",
+    "resolve_epilogue", "check_dtype", "check_mode_dtype", "check_activation", "check_epilogue",
+]
 
 ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
 GATED = frozenset({"swiglu", "geglu"})
 
+MODES = ("gate_up", "down")
 DTYPES = ("bf16", "fp16")
 
 INT4_MAGIC = {"bf16": 0x43004300, "fp16": 0x64006400}
@@ -42,3 +46,25 @@ def resolve_epilogue(mode: str, epilogue: str) -> str:
     if epilogue != "auto":
         return epilogue
     return "h" if mode == "gate_up" else "y"
+
+
+def check_mode_dtype(mode: str, dtype: str) -> None:
+    """Raise ``ValueError`` unless ``mode`` is one of :data:`MODES` and ``dtype`` one of :data:`DTYPES`."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}")
+    check_dtype(dtype)
+
+
+def check_activation(mode: str, activation: str) -> None:
+    """Raise ``ValueError`` unless a gate_up kernel's ``activation`` is one of :data:`ACT_CODES`."""
+    if mode == "gate_up" and activation not in ACT_CODES:
+        raise ValueError(f"activation {activation!r}")
+
+
+def check_epilogue(mode: str, epi: str) -> None:
+    """Raise ``ValueError`` unless a grouped GEMM's resolved epilogue fits its mode (gate_up: ``h``; down:
+    ``y`` | ``atomic_f32``)."""
+    if mode == "gate_up" and epi != "h":
+        raise ValueError(f"gate_up epilogue {epi!r}")
+    if mode == "down" and epi not in ("y", "atomic_f32"):
+        raise ValueError(f"down epilogue {epi!r}")

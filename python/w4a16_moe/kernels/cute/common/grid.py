@@ -5,6 +5,7 @@ Every kernel (SM90 WGMMA and warp-MMA grouped GEMMs, decode GEMV) takes the same
 num_routes, top_k, max_tiles, num_splits, stream)``. This module holds
 
 * :func:`fake_launch_args`: compile-time stand-ins for them (host side; one compile serves every size);
+* :func:`occupancy_kwargs`: the launch options of a kernel that asks for several CTAs per SM;
 * :func:`tile_expert` (device): the expert owning token tile ``tile`` (``block_start[e] <= tile <
   block_start[e + 1]``), searched by all threads in parallel, -1 when the tile is past the last expert's;
 * :func:`split_k_range` (device): the K tiles of split ``split`` of ``num_splits``.
@@ -18,7 +19,7 @@ from cutlass import Float32, Int32
 
 from . import ptx
 
-__all__ = ["fake_launch_args", "tile_expert", "split_k_range"]
+__all__ = ["fake_launch_args", "occupancy_kwargs", "tile_expert", "split_k_range"]
 
 
 def fake_launch_args(ab_dtype, out_dtype) -> list:
@@ -33,6 +34,14 @@ def fake_launch_args(ab_dtype, out_dtype) -> list:
         ptr(cutlass.Uint8), ptr(ab_dtype), ptr(out_dtype), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
         ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
     ] + [Int32(1)] * 7 + [make_fake_stream()]
+
+
+def occupancy_kwargs(min_ctas_per_sm: int) -> dict:
+    """``launch()`` keywords for ``min_ctas_per_sm > 1`` (``.minnctapersm``, full shared-memory carveout; an
+    explicit carveout also keeps the DSL from querying a device at compile time), else none."""
+    if min_ctas_per_sm > 1:
+        return dict(min_blocks_per_mp=min_ctas_per_sm, preferred_smem_carveout=100)
+    return {}
 
 
 @cute.jit

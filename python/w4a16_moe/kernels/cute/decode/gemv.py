@@ -61,7 +61,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from ..common import ptx
-from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, check_dtype
+from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_mode_dtype
 from ..common.dequant import e2m1_pair
 from ..common.epilogue import act
 from ..common.grid import fake_launch_args
@@ -82,11 +82,8 @@ class Sm90W4A16DecodeGemv:
 
     def __init__(self, cfg: DecodeGemvConfig, arch: str = "sm_90a"):
         c = cfg
-        if c.mode not in ("gate_up", "down"):
-            raise ValueError(f"mode {c.mode!r}")
-        check_dtype(c.dtype)
-        if c.mode == "gate_up" and c.activation not in ACT_CODES:
-            raise ValueError(f"activation {c.activation!r}")
+        check_mode_dtype(c.mode, c.dtype)
+        check_activation(c.mode, c.activation)
         if c.k_tile not in (64, 128) or c.m64_per_block not in (1, 2, 4, 8):
             raise ValueError("k_tile must be 64 or 128 and m64_per_block 1, 2, 4 or 8 (the SM90 layouts)")
         if c.gated and c.m64_per_block % 2:

@@ -101,13 +101,13 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from ..common import ptx
-from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, check_dtype
+from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_epilogue, check_mode_dtype
 from ..common.dequant import e2m1_pair
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
-from ..common.grid import fake_launch_args, split_k_range, tile_expert
+from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
 from .config import Sm90GemmConfig, check_setmaxnreg
 
-__all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
+__all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "check_setmaxnreg"]
 
 
 def _round_up(a: int, b: int) -> int:
@@ -127,9 +127,7 @@ class Sm90W4A16GroupedGemm:
 
     def __init__(self, cfg: Sm90GemmConfig):
         c = cfg
-        if c.mode not in ("gate_up", "down"):
-            raise ValueError(f"mode {c.mode!r}")
-        check_dtype(c.dtype)
+        check_mode_dtype(c.mode, c.dtype)
         if c.k_tile not in (64, 128):
             # the activation gather gives each producer thread rows r0 + j * (128 // (BK / 8)), which
             # must keep r0 % 8 (its swizzle phase) fixed: BK <= 128
@@ -153,12 +151,8 @@ class Sm90W4A16GroupedGemm:
         if c.mma_kblocks < 1 or (c.k_tile // 16) % c.mma_kblocks or (c.mma_kblocks > 1 and c.schedule != "overlap"):
             raise ValueError("mma_kblocks must divide k_tile / 16 (and be 1 with the serial schedule)")
         epi = c.epi
-        if c.mode == "gate_up" and epi != "h":
-            raise ValueError(f"gate_up epilogue {epi!r}")
-        if c.mode == "down" and epi not in ("y", "atomic_f32"):
-            raise ValueError(f"down epilogue {epi!r}")
-        if c.mode == "gate_up" and c.activation not in ACT_CODES:
-            raise ValueError(f"activation {c.activation!r}")
+        check_epilogue(c.mode, epi)
+        check_activation(c.mode, c.activation)
         g = c.group
         if g and not (c.k_tile % g == 0 or g % c.k_tile == 0):
             raise ValueError("group and k_tile: one must divide the other")
@@ -284,14 +278,8 @@ class Sm90W4A16GroupedGemm:
             block=[self.threads, 1, 1],
             stream=stream,
             use_pdl=self.cfg.pdl,
-            **self._occupancy_kwargs(),
+            **occupancy_kwargs(self.cfg.min_ctas_per_sm),
         )
-
-    def _occupancy_kwargs(self) -> dict:
-        if self.cfg.min_ctas_per_sm > 1:
-            # (an explicit carveout also keeps the DSL from querying a device at compile time)
-            return dict(min_blocks_per_mp=self.cfg.min_ctas_per_sm, preferred_smem_carveout=100)
-        return {}
 
     # ------------------------------------------------------------------------------------------
     @cute.kernel

@@ -103,9 +103,10 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from ..common import ptx
-from ..common.codes import ACT_CODES, INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_dtype
+from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_epilogue,
+                            check_mode_dtype)
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
-from ..common.grid import fake_launch_args, split_k_range, tile_expert
+from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
 from .config import WarpGemmConfig, e2m1_prmt_tables
 
 __all__ = ["WarpW4A16GroupedGemm", "WarpGemmConfig", "smem_limit", "arch_major"]
@@ -151,9 +152,7 @@ class WarpW4A16GroupedGemm:
 
     def __init__(self, cfg: WarpGemmConfig, arch: str = "sm_90a"):
         c = cfg
-        if c.mode not in ("gate_up", "down"):
-            raise ValueError(f"mode {c.mode!r}")
-        check_dtype(c.dtype)
+        check_mode_dtype(c.mode, c.dtype)
         if c.kind not in ("int4", "nvfp4", "mxfp4"):
             raise ValueError(f"kind {c.kind!r}")
         if c.kind != "int4" and (c.zero_point or c.group != {"nvfp4": 16, "mxfp4": 32}[c.kind]):
@@ -169,12 +168,8 @@ class WarpW4A16GroupedGemm:
         if c.gated and c.rows_per_cta % 32:
             raise ValueError("gated gate_up needs rows_per_cta % 32 == 0")
         epi = c.epi
-        if c.mode == "gate_up" and epi != "h":
-            raise ValueError(f"gate_up epilogue {epi!r}")
-        if c.mode == "down" and epi not in ("y", "atomic_f32"):
-            raise ValueError(f"down epilogue {epi!r}")
-        if c.mode == "gate_up" and c.activation not in ACT_CODES:
-            raise ValueError(f"activation {c.activation!r}")
+        check_epilogue(c.mode, epi)
+        check_activation(c.mode, c.activation)
         if (32 * c.warps) % (c.k_tile // 8):
             raise ValueError("32 * warps must be a multiple of k_tile / 8 (activation copy mapping)")
         if c.stages < 2:
@@ -268,13 +263,8 @@ class WarpW4A16GroupedGemm:
             grid=[n // self.RB, max_tiles, num_splits],
             block=[self.T, 1, 1],
             stream=stream,
-            **self._occupancy_kwargs(),
+            **occupancy_kwargs(self.cfg.min_ctas_per_sm),
         )
-
-    def _occupancy_kwargs(self) -> dict:
-        if self.cfg.min_ctas_per_sm > 1:
-            return dict(min_blocks_per_mp=self.cfg.min_ctas_per_sm, preferred_smem_carveout=100)
-        return {}
 
     # ------------------------------------------------------------------------------------------------------
     @cute.kernel
