@@ -27,7 +27,8 @@ CTA = ``128 * (1 + consumer_wgs)`` threads:
   whole tile, issue its WGMMAs, ``wait_group(0)``, release (simple reference schedule).
 * epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
   B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
-  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``.
+  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``. Everything after
+  the staging tile is :mod:`..common.epilogue` (shared with the warp-MMA kernel).
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile to ``ws``,
 then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order

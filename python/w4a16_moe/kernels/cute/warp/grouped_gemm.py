@@ -60,7 +60,8 @@ Pipeline (per CTA, ``cp.async`` groups, one ``bar.sync`` per K tile)::
 
 Epilogue (all threads): FP32 accumulators -> shared staging ``[TN][RB + 4]`` (conflict-free ``st.shared``)
 -> optional split-K fixup -> (NVFP4 global scale) -> activation (gate and up columns ``j`` and ``RB/2 + j``
-of a staging row) -> 16-byte coalesced stores of 8 outputs, or FP32 reductions (``atomic_f32``).
+of a staging row) -> 16-byte coalesced stores of 8 outputs, or FP32 reductions (``atomic_f32``). Everything
+after the staging tile is :mod:`..common.epilogue` (shared with the SM90 kernel).
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile (rows ``< count``)
 to ``ws``, then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
