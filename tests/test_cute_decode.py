@@ -1,4 +1,4 @@
-"""The route-major decode kernels (``kernels/cute/decode_gemv.py``) through the CuTe provider, on an SM90 GPU.
+"""The route-major decode kernels (``kernels/cute/decode/gemv.py``) through the CuTe provider, on an SM90 GPU.
 
 ``W4A16_MOE_CUTE_DECODE=1`` forces the decode path for every routed call; each case poisons the output with
 NaN and checks NRMSE < 0.02 against the FP32 reference (``reference_moe``) on fresh random inputs: every

@@ -107,7 +107,7 @@ def test_variants():
 @pytest.mark.skipif(not HAS_DSL, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 @pytest.mark.parametrize("scheme", ["int4_g32", "int4_g128_zp", "int4_channel", "nvfp4", "mxfp4"])
 def test_compiles_for_sm90a(scheme):
-    from w4a16_moe.kernels.cute.decode_gemv import Sm90W4A16DecodeGemv
+    from w4a16_moe.kernels.cute.decode.gemv import Sm90W4A16DecodeGemv
 
     for cfg in dec.configs(get_scheme(scheme), "bf16", "geglu"):
         assert Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
@@ -118,8 +118,8 @@ def test_compiles_for_sm90a(scheme):
 def test_bad_configs_are_refused():
     if not HAS_DSL:
         pytest.skip("needs the CuTe DSL (nvidia-cutlass-dsl)")
-    from w4a16_moe.kernels.cute.decode_config import DecodeGemvConfig
-    from w4a16_moe.kernels.cute.decode_gemv import Sm90W4A16DecodeGemv
+    from w4a16_moe.kernels.cute.decode.config import DecodeGemvConfig
+    from w4a16_moe.kernels.cute.decode.gemv import Sm90W4A16DecodeGemv
 
     with pytest.raises(ValueError, match="even m64_per_block"):
         Sm90W4A16DecodeGemv(DecodeGemvConfig(m64_per_block=1))

@@ -10,7 +10,7 @@ import pytest
 
 from w4a16_moe.formats.schemes import get_scheme
 from w4a16_moe.kernels.cute import sm90_family as fam
-from w4a16_moe.kernels.cute.sm90_config import Sm90GemmConfig
+from w4a16_moe.kernels.cute.sm90.config import Sm90GemmConfig
 
 RB_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("down_row_blocks_per_cta", 1) > 1]
 
@@ -37,7 +37,7 @@ def test_split_rule_counts_ctas_not_row_blocks():
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 def test_row_block_kernel_plan_and_compile():
-    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
 
     base = dict(mode="down", m64_per_block=4, tokens_per_tile=64, k_tile=128, stages=3, consumer_wgs=2)
     one = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base))
@@ -64,7 +64,7 @@ def test_pingpong_candidates():
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 def test_pingpong_kernel_plan_and_compile():
-    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
 
     base = dict(mode="down", m64_per_block=2, tokens_per_tile=64, k_tile=64, stages=8, consumer_wgs=2,
                 row_blocks_per_cta=14)
@@ -87,7 +87,7 @@ def test_pingpong_kernel_plan_and_compile():
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 def test_b_slots_plan():
-    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
 
     base = dict(mode="down", m64_per_block=2, tokens_per_tile=56, k_tile=64, stages=16, consumer_wgs=2,
                 row_blocks_per_cta=28, pingpong=1)
@@ -118,7 +118,7 @@ def test_tn_variant_candidates_apply_to_both_gemms():
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 def test_tn_variants_plan_validation_and_sass(tmp_path):
-    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
     from w4a16_moe.loader import sass, toolchain
 
     base = dict(mode="gate_up", m64_per_block=4, tokens_per_tile=56, k_tile=128, stages=5, consumer_wgs=2)
@@ -143,7 +143,7 @@ def test_tn_variants_plan_validation_and_sass(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
 def test_mma_kblocks_names_validation_and_compile():
-    from w4a16_moe.kernels.cute.sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
 
     base = dict(mode="down", m64_per_block=2, tokens_per_tile=56, k_tile=64, stages=16, consumer_wgs=2,
                 row_blocks_per_cta=28, pingpong=2, b_slots=4)

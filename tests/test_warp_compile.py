@@ -19,7 +19,7 @@ pytest.importorskip("cutlass", reason="the CuTe DSL (nvidia-cutlass-dsl) is need
 
 from w4a16_moe.formats.schemes import get_scheme  # noqa: E402
 from w4a16_moe.kernels.cute import warp_family as fam  # noqa: E402
-from w4a16_moe.kernels.cute.warp_config import WarpGemmConfig  # noqa: E402
+from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig  # noqa: E402
 from w4a16_moe.loader import build, toolchain  # noqa: E402
 from w4a16_moe.loader.spec import SUPPORTED_ARCHS  # noqa: E402
 
@@ -85,7 +85,7 @@ def test_compile_export_sass(arch, tmp_path):
 
 
 def test_smem_limit_per_arch():
-    from w4a16_moe.kernels.cute.warp_grouped_gemm import WarpW4A16GroupedGemm
+    from w4a16_moe.kernels.cute.warp.grouped_gemm import WarpW4A16GroupedGemm
 
     big = WarpGemmConfig(tokens_per_tile=128, k_tile=128, stages=3, m16_per_warp=2, warps=4)  # ~126 KB
     WarpW4A16GroupedGemm(big, "sm_90a")  # 227 KB: fits

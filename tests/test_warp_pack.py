@@ -23,7 +23,7 @@ from w4a16_moe.formats.quantize import dequantize_matrix
 from w4a16_moe.formats.schemes import SCHEMES, get_scheme
 from w4a16_moe.formats.weights import QuantizedMatrix
 from w4a16_moe.kernels.cute import warp_family as fam
-from w4a16_moe.kernels.cute.warp_config import WarpGemmConfig, e2m1_prmt_tables
+from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig, e2m1_prmt_tables
 from w4a16_moe.kernels.cute.warp_pack import (
     _row_order,
     emulate_fragments,

@@ -252,23 +252,38 @@ _BUILTIN_FAMILIES = {
     "sm90_w4a16_gemm": (
         "w4a16_moe.kernels.cute.sm90_family:_compile",
         (
-            "w4a16_moe.kernels.cute.sm90_grouped_gemm",
-            "w4a16_moe.kernels.cute.sm90_config",
-            "w4a16_moe.kernels.cute.sm90_ptx",
+            "w4a16_moe.kernels.cute.sm90.grouped_gemm",
+            "w4a16_moe.kernels.cute.sm90.config",
+            "w4a16_moe.kernels.cute.common.ptx",
+            "w4a16_moe.kernels.cute.common.codes",
+            "w4a16_moe.kernels.cute.common.dequant",
+            "w4a16_moe.kernels.cute.common.epilogue",
+            "w4a16_moe.kernels.cute.common.grid",
         ),
     ),
     # the portable warp-MMA (mma.sync) W4A16 grouped GEMM, sm_80..sm_120a (kernels/cute/warp_family.py)
     "warp_w4a16_gemm": (
         "w4a16_moe.kernels.cute.warp_family:_compile",
-        ("w4a16_moe.kernels.cute.warp_grouped_gemm", "w4a16_moe.kernels.cute.warp_config"),
+        (
+            "w4a16_moe.kernels.cute.warp.grouped_gemm",
+            "w4a16_moe.kernels.cute.warp.config",
+            "w4a16_moe.kernels.cute.common.ptx",
+            "w4a16_moe.kernels.cute.common.codes",
+            "w4a16_moe.kernels.cute.common.epilogue",
+            "w4a16_moe.kernels.cute.common.grid",
+        ),
     ),
     # the route-major decode kernels (kernels/cute/decode_family.py): SM90 layout, mma.sync, no route prep
     "w4a16_decode_gemv": (
         "w4a16_moe.kernels.cute.decode_family:_compile",
         (
-            "w4a16_moe.kernels.cute.decode_gemv",
-            "w4a16_moe.kernels.cute.decode_config",
-            "w4a16_moe.kernels.cute.sm90_ptx",
+            "w4a16_moe.kernels.cute.decode.gemv",
+            "w4a16_moe.kernels.cute.decode.config",
+            "w4a16_moe.kernels.cute.common.ptx",
+            "w4a16_moe.kernels.cute.common.codes",
+            "w4a16_moe.kernels.cute.common.dequant",
+            "w4a16_moe.kernels.cute.common.epilogue",
+            "w4a16_moe.kernels.cute.common.grid",
         ),
     ),
 }

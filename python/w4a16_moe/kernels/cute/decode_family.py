@@ -48,13 +48,13 @@ KNOBS = {"gate_up": dict(warps=8, unroll=8), "down": dict(warps=8, unroll=4)}
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .decode_gemv import Sm90W4A16DecodeGemv
+    from .decode.gemv import Sm90W4A16DecodeGemv
 
     return Sm90W4A16DecodeGemv(config_from_spec(spec), arch).compile(arch)
 
 
 def kernel_config(**fields):
-    from .decode_config import DecodeGemvConfig
+    from .decode.config import DecodeGemvConfig
 
     return DecodeGemvConfig(**fields)
 

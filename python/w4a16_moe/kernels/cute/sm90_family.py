@@ -234,13 +234,13 @@ CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from .sm90.grouped_gemm import Sm90W4A16GroupedGemm
 
     return Sm90W4A16GroupedGemm(config_from_spec(spec)).compile(arch)
 
 
 def kernel_config(**fields):
-    from .sm90_config import Sm90GemmConfig
+    from .sm90.config import Sm90GemmConfig
 
     return Sm90GemmConfig(**fields)
 

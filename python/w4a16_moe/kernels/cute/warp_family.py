@@ -54,13 +54,13 @@ TILES = (
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .warp_grouped_gemm import WarpW4A16GroupedGemm
+    from .warp.grouped_gemm import WarpW4A16GroupedGemm
 
     return WarpW4A16GroupedGemm(config_from_spec(spec), arch).compile(arch)
 
 
 def kernel_config(**fields):
-    from .warp_config import WarpGemmConfig
+    from .warp.config import WarpGemmConfig
 
     return WarpGemmConfig(**fields)
 

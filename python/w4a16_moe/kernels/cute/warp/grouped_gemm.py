@@ -1,10 +1,10 @@
 """Portable warp-MMA (``mma.sync``) CuTe DSL grouped GEMM of the fused W4A16 MoE (sm_80 .. sm_120a).
 
-Same call ABI and routing contract as :class:`.sm90_grouped_gemm.Sm90W4A16GroupedGemm`, but built only on
+Same call ABI and routing contract as :class:`..sm90.grouped_gemm.Sm90W4A16GroupedGemm`, but built only on
 instructions every arch from Ampere on has: ``mma.sync.aligned.m16n8k16`` (bf16/f16 in, FP32 accumulate),
 ``ldmatrix``, 16-byte ``cp.async`` (with an L2 evict-first cache hint) and packed ``fma.rn.{bf16,f16}x2``.
 The same source compiles for sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_103a, sm_120a (see
-:mod:`.warp_family`); only the ``atomic_f32`` epilogue differs (``red.global.add.v4.f32`` from sm_90 on,
+:mod:`..warp_family`); only the ``atomic_f32`` epilogue differs (``red.global.add.v4.f32`` from sm_90 on,
 scalar ``red.global.add.f32`` before).
 
 Formulation (swap-AB, Marlin-style): ``D^T[N, M] = W[N, K] . X^T[K, M]``. Weight rows are the MMA ``M``
@@ -23,7 +23,7 @@ Shared memory per pipeline stage (``S = cfg.stages`` stages)::
 
     [ weight chunk (CHUNK bytes, padded to 128) | activation tile TN x BK bf16/f16 ]
 
-* the weight chunk is the packed chunk of :mod:`.warp_pack` (codes, then scales, then zero-point biases),
+* the weight chunk is the packed chunk of :mod:`..warp_pack` (codes, then scales, then zero-point biases),
   copied verbatim: every thread issues 16-byte ``cp.async.cg ... L2::cache_hint`` (evict-first) pieces
   ``t, t + 32W, ...``; lane ``l`` of warp ``w`` then reads its code words of m16 block ``mb = w MW + m``
   and k64 sub-tile ``c`` with one ``ld.shared.v4`` at ``((mb * BK/64 + c) * 32 + l) * 16`` (conflict
@@ -35,7 +35,7 @@ Shared memory per pipeline stage (``S = cfg.stages`` stages)::
   chunk ``t % (BK/8)`` of rows ``t // (BK/8) + j * (32W / (BK/8))``. Rows past the tile's ``count`` tokens
   repeat the last valid row (their results are never stored).
 
-Fragments (PTX ISA, m16n8k16): A (weights) as in :mod:`.warp_pack`; B: ``ldmatrix.x4`` with lanes
+Fragments (PTX ISA, m16n8k16): A (weights) as in :mod:`..warp_pack`; B: ``ldmatrix.x4`` with lanes
 ``8q .. 8q+7`` addressing tokens ``8 nb + (l % 8)`` at 16-byte chunk ``2 kb + q`` (``q = 0..3``) returns
 ``b0, b1`` of k16 steps ``kb`` and ``kb + 1`` of n8 block ``nb``; C/D: ``c0, c1`` = (row ``l//4``, tokens
 ``2 (l%4) + {0, 1}``), ``c2, c3`` = row ``l//4 + 8``.
@@ -60,7 +60,8 @@ Pipeline (per CTA, ``cp.async`` groups, one ``bar.sync`` per K tile)::
 
 Epilogue (all threads): FP32 accumulators -> shared staging ``[TN][RB + 4]`` (conflict-free ``st.shared``)
 -> optional split-K fixup -> (NVFP4 global scale) -> activation (gate and up columns ``j`` and ``RB/2 + j``
-of a staging row) -> 16-byte coalesced stores of 8 outputs, or FP32 reductions (``atomic_f32``).
+of a staging row) -> 16-byte coalesced stores of 8 outputs, or FP32 reductions (``atomic_f32``). Everything
+after the staging tile is :mod:`..common.epilogue` (shared with the SM90 kernel).
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile (rows ``< count``)
 to ``ws``, then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
@@ -86,7 +87,7 @@ contiguous (stride I for h, N for y / out).
 
 Resources (DSL 4.8.1, 128 threads, ``ptxas --minnctapersm 1``, see :data:`PTXAS_MIN_CTAS`): INT4 TN=8
 ~78-90 registers, TN=16 ~94-118, TN=32 ~126-160, TN=64 ~164-168, FP4 TN=8 ~110-122; all 432 variants of
-the family have zero local memory on sm_90a and sm_120a (70-168 registers); 42-74 KB of dynamic shared memory (every variant of :mod:`.warp_family` fits the 99 KB of sm_86/89/120). Per K tile of
+the family have zero local memory on sm_90a and sm_120a (70-168 registers); 42-74 KB of dynamic shared memory (every variant of :mod:`..warp_family` fits the 99 KB of sm_86/89/120). Per K tile of
 128 and m16 block: 8 code-word LDS (2 x v4), 2-8 scale words, 4 LDSM.x4 per n8 block, 8 HMMA per n8 block.
 
 Verification status: the index mappings are checked on the CPU by ``tests/test_warp_pack.py`` (bit-exact
@@ -101,11 +102,13 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .warp_config import ACT_CODES, WarpGemmConfig, e2m1_prmt_tables
+from ..common import ptx
+from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_epilogue,
+                            check_mode_dtype)
+from ..common.epilogue import EpilogueShape, finish_store, publish_split
+from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
+from .config import WarpGemmConfig, e2m1_prmt_tables
 
 __all__ = ["WarpW4A16GroupedGemm", "WarpGemmConfig", "smem_limit", "arch_major"]
 
@@ -136,257 +139,13 @@ def _round_up(a: int, b: int) -> int:
     return (a + b - 1) // b * b
 
 
-def _u32(v: int) -> int:
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v >= (1 << 31) else v
-
-
-# ------------------------------------------------------------------------------------------------------------
-# inline PTX (pure arithmetic without side effects; memory / async ops with side effects, in program order)
-# ------------------------------------------------------------------------------------------------------------
-def _i32(x, loc, ip):
-    return Int32(x).ir_value(loc=loc, ip=ip)
-
-
-def _i64(x, loc, ip):
-    return Int64(x).ir_value(loc=loc, ip=ip)
-
-
-def _struct(n: int, ty: str = "i32"):
-    return ir.Type.parse("!llvm.struct<(" + ", ".join([ty] * n) + ")>")
-
-
-@dsl_user_op
-def lop3_and_or(a, mask: int, c, *, loc=None, ip=None) -> Int32:
-    """``(a & mask) | c`` in one LOP3 (``mask`` an immediate)."""
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip), _i32(c, loc, ip)],
-                        f"lop3.b32 $0, $1, {mask & 0xFFFFFFFF:#x}, $2, 0xEA;", "=r,r,r",
-                        has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def and_imm(a, mask: int, *, loc=None, ip=None) -> Int32:
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip)], f"and.b32 $0, $1, {mask & 0xFFFFFFFF:#x};", "=r,r",
-                        has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def lop3_sel(a, b, mask: int, *, loc=None, ip=None) -> Int32:
-    """``(a & mask) | (b & ~mask)`` in one LOP3 (bitwise select, ``mask`` an immediate)."""
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)],
-                        f"lop3.b32 $0, $1, $2, {mask & 0xFFFFFFFF:#x}, 0xE4;", "=r,r,r",
-                        has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def lop3_or_and(a, b, mask: int, *, loc=None, ip=None) -> Int32:
-    """``a | (b & mask)`` in one LOP3 (``mask`` an immediate)."""
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip)],
-                        f"lop3.b32 $0, $1, $2, {mask & 0xFFFFFFFF:#x}, 0xF8;", "=r,r,r",
-                        has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def shr_u32(a, s: int, *, loc=None, ip=None) -> Int32:
-    """Logical shift right by an immediate."""
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip)], f"shr.u32 $0, $1, {s};", "=r,r",
-                        has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def hfma2(a, b, c, is_bf16: bool, *, loc=None, ip=None) -> Int32:
-    """Packed ``a * b + c`` (bf16x2 / f16x2, round to nearest; sm_80+)."""
-    op = "fma.rn.bf16x2" if is_bf16 else "fma.rn.f16x2"
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(c, loc, ip)],
-                        f"{op} $0, $1, $2, $3;", "=r,r,r,r", has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def prmt(a, b, sel, *, loc=None, ip=None) -> Int32:
-    """``prmt.b32 d, a, b, sel`` (runtime selector)."""
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip), _i32(b, loc, ip), _i32(sel, loc, ip)],
-                        "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def prmt_imm(a, sel: int, *, loc=None, ip=None) -> Int32:
-    """Byte permute of ``a`` with itself (``sel`` an immediate), e.g. 0x1010 / 0x3232 broadcast a half."""
-    r = llvm.inline_asm(T.i32(), [_i32(a, loc, ip)], f"prmt.b32 $0, $1, $1, {sel:#x};", "=r,r",
-                        has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, is_bf16: bool, *, loc=None, ip=None):
-    """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32``; returns (d0, d1, d2, d3)."""
-    ty = "bf16" if is_bf16 else "f16"
-    r = llvm.inline_asm(
-        _struct(4, "f32"),
-        [_i32(v, loc, ip) for v in (a0, a1, a2, a3, b0, b1)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in (c0, c1, c2, c3)],
-        f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, "
-        "{$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, loc=loc, ip=ip)
-    return tuple(Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
-def ldmatrix_x4(addr, *, loc=None, ip=None):
-    r = llvm.inline_asm(_struct(4), [_i32(addr, loc, ip)],
-                        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
-                        has_side_effects=True, loc=loc, ip=ip)
-    return tuple(Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
-def evict_first_policy(*, loc=None, ip=None) -> Int64:
-    r = llvm.inline_asm(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l",
-                        has_side_effects=True, loc=loc, ip=ip)
-    return Int64(r)
-
-
-@dsl_user_op
-def cp_async_16(dst_smem, src_gmem, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i32(dst_smem, loc, ip), _i64(src_gmem, loc, ip)],
-                    "cp.async.cg.shared.global [$0], [$1], 16;", "r,l", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def cp_async_16_hint(dst_smem, src_gmem, policy, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i32(dst_smem, loc, ip), _i64(src_gmem, loc, ip), _i64(policy, loc, ip)],
-                    "cp.async.cg.shared.global.L2::cache_hint [$0], [$1], 16, $2;", "r,l,l",
-                    has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def cp_async_commit(*, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [], "cp.async.commit_group;", "", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def cp_async_wait(n: int, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [], f"cp.async.wait_group {n};", "", has_side_effects=True, loc=loc, ip=ip)
-
-
-def _ld_shared(n: int, addr, loc, ip):
-    if n == 1:
-        r = llvm.inline_asm(T.i32(), [_i32(addr, loc, ip)], "ld.shared.b32 $0, [$1];", "=r,r",
-                            has_side_effects=True, loc=loc, ip=ip)
-        return (Int32(r),)
-    regs = ", ".join(f"${i}" for i in range(n))
-    r = llvm.inline_asm(_struct(n), [_i32(addr, loc, ip)], f"ld.shared.v{n}.b32 {{{regs}}}, [${n}];",
-                        ",".join(["=r"] * n) + ",r", has_side_effects=True, loc=loc, ip=ip)
-    return tuple(Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(n))
-
-
-@dsl_user_op
-def ld_shared_v4(addr, *, loc=None, ip=None):
-    return _ld_shared(4, addr, loc, ip)
-
-
-@dsl_user_op
-def ld_shared_v2(addr, *, loc=None, ip=None):
-    return _ld_shared(2, addr, loc, ip)
-
-
-@dsl_user_op
-def ld_shared_b32(addr, *, loc=None, ip=None):
-    return _ld_shared(1, addr, loc, ip)[0]
-
-
-@dsl_user_op
-def st_shared_b32(addr, v, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i32(addr, loc, ip), _i32(v, loc, ip)], "st.shared.b32 [$0], $1;", "r,r",
-                    has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def st_shared_f32(addr, v, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i32(addr, loc, ip), Float32(v).ir_value(loc=loc, ip=ip)], "st.shared.f32 [$0], $1;",
-                    "r,f", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def i32_as_f32(v, *, loc=None, ip=None) -> Float32:
-    r = llvm.inline_asm(T.f32(), [_i32(v, loc, ip)], "mov.b32 $0, $1;", "=f,r", has_side_effects=False, loc=loc, ip=ip)
-    return Float32(r)
-
-
-@dsl_user_op
-def pack2_16(lo, hi, is_bf16: bool, *, loc=None, ip=None) -> Int32:
-    """Round two FP32 values to a packed bf16x2 / f16x2 word (``lo`` in the low half)."""
-    op = "cvt.rn.bf16x2.f32" if is_bf16 else "cvt.rn.f16x2.f32"
-    r = llvm.inline_asm(T.i32(), [Float32(hi).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip)],
-                        f"{op} $0, $1, $2;", "=r,f,f", has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def st_global_v4(addr, a, b, c, d, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i64(addr, loc, ip)] + [_i32(v, loc, ip) for v in (a, b, c, d)],
-                    "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_global_cg_v4(addr, *, loc=None, ip=None):
-    """16-byte L2-coherent global load (split-K partials written by other CTAs)."""
-    r = llvm.inline_asm(_struct(4), [_i64(addr, loc, ip)], "ld.global.cg.v4.b32 {$0, $1, $2, $3}, [$4];",
-                        "=r,=r,=r,=r,l", has_side_effects=True, loc=loc, ip=ip)
-    return tuple(Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
-def ld_global_nc_v4(addr, *, loc=None, ip=None):
-    """16-byte read-only global load (NVFP4 global scales)."""
-    r = llvm.inline_asm(_struct(4), [_i64(addr, loc, ip)], "ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
-                        "=r,=r,=r,=r,l", has_side_effects=True, loc=loc, ip=ip)
-    return tuple(Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(4))
-
-
-@dsl_user_op
-def atom_add_gpu(addr, v, *, loc=None, ip=None) -> Int32:
-    r = llvm.inline_asm(T.i32(), [_i64(addr, loc, ip), _i32(v, loc, ip)],
-                        "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", has_side_effects=True, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def st_global_b32(addr, v, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i64(addr, loc, ip), _i32(v, loc, ip)], "st.global.b32 [$0], $1;", "l,r",
-                    has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def fence_acq_rel_gpu(*, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [], "fence.acq_rel.gpu;", "", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def red_add_v4_f32(addr, a, b, c, d, *, loc=None, ip=None) -> None:
-    """``red.global.add.v4.f32`` (sm_90+)."""
-    llvm.inline_asm(None, [_i64(addr, loc, ip)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c, d)],
-                    "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};", "l,f,f,f,f", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def red_add_f32(addr, a, *, loc=None, ip=None) -> None:
-    llvm.inline_asm(None, [_i64(addr, loc, ip), Float32(a).ir_value(loc=loc, ip=ip)], "red.global.add.f32 [$0], $1;",
-                    "l,f", has_side_effects=True, loc=loc, ip=ip)
-
-
 # ------------------------------------------------------------------------------------------------------------
 class WarpW4A16GroupedGemm:
     """One warp-MMA W4A16 grouped-GEMM kernel (static config in ``__init__``; see the module docstring).
 
     ``__call__(w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
     num_experts, n, k, num_routes, top_k, max_tiles, num_splits, stream)``: exactly the SM90 kernel's
-    parameters. ``w`` packed weights (uint8, :func:`.warp_pack.pack_warp`); ``act`` B source (x for gate_up,
+    parameters. ``w`` packed weights (uint8, :func:`..warp_pack.pack_warp`); ``act`` B source (x for gate_up,
     h for down); ``out`` h / y / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (``atomic_f32`` only); ``ws``
     FP32 / ``counters`` int32 split-K scratch (read only when ``num_splits > 1``); ``n`` weight rows (2I / I /
     H); ``k`` the reduction size; ``num_routes`` the route capacity (``T*top_k``).
@@ -394,10 +153,7 @@ class WarpW4A16GroupedGemm:
 
     def __init__(self, cfg: WarpGemmConfig, arch: str = "sm_90a"):
         c = cfg
-        if c.mode not in ("gate_up", "down"):
-            raise ValueError(f"mode {c.mode!r}")
-        if c.dtype not in ("bf16", "fp16"):
-            raise ValueError(f"dtype {c.dtype!r}")
+        check_mode_dtype(c.mode, c.dtype)
         if c.kind not in ("int4", "nvfp4", "mxfp4"):
             raise ValueError(f"kind {c.kind!r}")
         if c.kind != "int4" and (c.zero_point or c.group != {"nvfp4": 16, "mxfp4": 32}[c.kind]):
@@ -413,18 +169,13 @@ class WarpW4A16GroupedGemm:
         if c.gated and c.rows_per_cta % 32:
             raise ValueError("gated gate_up needs rows_per_cta % 32 == 0")
         epi = c.epi
-        if c.mode == "gate_up" and epi != "h":
-            raise ValueError(f"gate_up epilogue {epi!r}")
-        if c.mode == "down" and epi not in ("y", "atomic_f32"):
-            raise ValueError(f"down epilogue {epi!r}")
-        if c.mode == "gate_up" and c.activation not in ACT_CODES:
-            raise ValueError(f"activation {c.activation!r}")
+        check_epilogue(c.mode, epi)
+        check_activation(c.mode, c.activation)
         if (32 * c.warps) % (c.k_tile // 8):
             raise ValueError("32 * warps must be a multiple of k_tile / 8 (activation copy mapping)")
         if c.stages < 2:
             raise ValueError("stages must be >= 2")
         self.cfg = c
-        self.arch = arch
         self.is_bf16 = c.dtype == "bf16"
         self.W, self.MW, self.TN, self.BK, self.S = c.warps, c.m16_per_warp, c.tokens_per_tile, c.k_tile, c.stages
         self.T = 32 * self.W
@@ -442,15 +193,22 @@ class WarpW4A16GroupedGemm:
         self.b_stage = self.TN * self.BK * 2
         self.stage_bytes = self.w_stage + self.b_stage
         self.cols = self.RB
-        self.cols_out = self.cols // 2 if c.gated else self.cols
         self.rs = self.cols + 4  # padded FP32 staging row stride: conflict-free accumulator writes
         self.epi_bytes = self.TN * self.rs * 4
         self.region = max(self.S * self.stage_bytes, self.epi_bytes)
         self.smem_bytes = self.region + 16
-        self.magic = 0x43004300 if self.is_bf16 else 0x64006400
-        self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
-        self.one2 = 0x3F803F80 if self.is_bf16 else 0x3C003C00
-        self.neg0 = _u32(0x80008000)
+        self.magic = INT4_MAGIC[c.dtype]
+        self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
+        self.one2 = ONE_X2[c.dtype]
+        self.neg0 = ptx.signed32(NEG_ZERO_X2)
+        self._set_arch(arch)
+
+    def _set_arch(self, arch: str) -> None:
+        self.arch = arch
+        self.epi_shape = EpilogueShape(tokens=self.TN, cols=self.cols, threads=self.T, mode=self.cfg.mode,
+                                       epi=self.cfg.epi, activation=self.cfg.activation, gated=self.cfg.gated,
+                                       is_bf16=self.is_bf16, vec_red=arch_major(arch) >= 90,
+                                       global_scale=self.cfg.kind == "nvfp4")
         self._check_smem(arch)
 
     def _check_smem(self, arch: str) -> None:
@@ -462,23 +220,12 @@ class WarpW4A16GroupedGemm:
     def fake_args(self) -> list:
         """Compile-time stand-ins for ``__call__``'s arguments (null pointers with their alignment, Int32
         sizes, a fake stream): one compile serves every size."""
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
         ab = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
-
-        def ptr(dt, align=16):
-            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-        out_dt = Float32 if self.cfg.epi == "atomic_f32" else ab
-        return [
-            ptr(cutlass.Uint8), ptr(ab), ptr(out_dt), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
-            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
-        ] + [Int32(1)] * 7 + [make_fake_stream()]
+        return fake_launch_args(ab, Float32 if self.cfg.epi == "atomic_f32" else ab)
 
     def compile(self, arch: str = "sm_90a"):
         """Cross-compile for ``arch`` (no GPU needed); export with ``compiled.export_to_c(dir, name, prefix)``."""
-        self.arch = arch
-        self._check_smem(arch)
+        self._set_arch(arch)
         extra = PTXAS_MIN_CTAS if self.cfg.min_ctas_per_sm <= 1 else ""
         return cute.compile(self, *self.fake_args(), options=f"--gpu-arch {arch} {extra}")
 
@@ -517,13 +264,8 @@ class WarpW4A16GroupedGemm:
             grid=[n // self.RB, max_tiles, num_splits],
             block=[self.T, 1, 1],
             stream=stream,
-            **self._occupancy_kwargs(),
+            **occupancy_kwargs(self.cfg.min_ctas_per_sm),
         )
-
-    def _occupancy_kwargs(self) -> dict:
-        if self.cfg.min_ctas_per_sm > 1:
-            return dict(min_blocks_per_mp=self.cfg.min_ctas_per_sm, preferred_smem_carveout=100)
-        return {}
 
     # ------------------------------------------------------------------------------------------------------
     @cute.kernel
@@ -557,20 +299,12 @@ class WarpW4A16GroupedGemm:
         misc_addr = st.misc.data_ptr().toint()
         buf = st.buf.data_ptr().toint()
         if tidx == 0:
-            st_shared_b32(misc_addr, -1)
+            ptx.st_shared_b32(misc_addr, -1)
         cute.arch.sync_threads()
         # the expert owning this tile: block_start[e] <= tile < block_start[e + 1] (parallel search)
-        for e_ in cutlass.range(tidx, num_experts, T, unroll=1):
-            if g_bs[e_] <= tile:
-                if tile < g_bs[e_ + 1]:
-                    st_shared_b32(misc_addr, e_)
-        cute.arch.sync_threads()
-        e = ld_shared_b32(misc_addr)
+        e = tile_expert(g_bs, tile, num_experts, tidx, T, misc_addr)
         if e >= 0:
-            kt_total = k // BK
-            per_split = (kt_total + num_splits - 1) // num_splits
-            kt0 = split * per_split
-            nk = cutlass.max(cutlass.min(kt_total, kt0 + per_split) - kt0, 0)
+            kt_total, kt0, nk = split_k_range(k, BK, split, num_splits)
             slot0 = g_rs[e] + (tile - g_bs[e]) * TN
             count = cutlass.min(g_rs[e + 1] - slot0, TN)
             nb_count = n // self.RB
@@ -607,7 +341,7 @@ class WarpW4A16GroupedGemm:
         act_base = act.toint() + Int64(cc * 16) + Int64(kt0) * (BK * 2)
         policy = Int64(0)
         if const_expr(self.cfg.evict_first):
-            policy = evict_first_policy()
+            policy = ptx.evict_first_policy()
 
         acc = cute.make_rmem_tensor((self.MW * self.NB8 * 4,), Float32)
         acc.fill(0.0)
@@ -618,16 +352,16 @@ class WarpW4A16GroupedGemm:
         for s in cutlass.range_constexpr(S - 1):
             if s < nk:
                 self._issue(s, s, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
-            cp_async_commit()
+            ptx.cp_async_commit()
         for it in cutlass.range(nk, unroll=1):
-            cp_async_wait(S - 2)
+            ptx.cp_async_wait(S - 2)
             cute.arch.sync_threads()
             nxt = it + (S - 1)
             if nxt < nk:
                 self._issue(nxt, nxt % S, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
-            cp_async_commit()
+            ptx.cp_async_commit()
             self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
-        cp_async_wait(0)
+        ptx.cp_async_wait(0)
         cute.arch.sync_threads()
         return acc
 
@@ -648,17 +382,17 @@ class WarpW4A16GroupedGemm:
         src_a = act_base + Int64(it) * (self.BK * 2)
         for j in cutlass.range_constexpr(NIT):
             if const_expr(total % T == 0):
-                cp_async_16(sbase + dst_off[j], src_a + src_off[j])
+                ptx.cp_async_16(sbase + dst_off[j], src_a + src_off[j])
             else:
                 if tidx + j * T < total:
-                    cp_async_16(sbase + dst_off[j], src_a + src_off[j])
+                    ptx.cp_async_16(sbase + dst_off[j], src_a + src_off[j])
 
     @cute.jit
     def _cp_w(self, dst, src, policy):
         if const_expr(self.cfg.evict_first):
-            cp_async_16_hint(dst, src, policy)
+            ptx.cp_async_16_hint(dst, src, policy)
         else:
-            cp_async_16(dst, src)
+            ptx.cp_async_16(dst, src)
 
     # ------------------------------------------------------------------------------------------------------
     def _lds_words(self, addr, nwords: int):
@@ -667,11 +401,11 @@ class WarpW4A16GroupedGemm:
         while off < nwords:
             step = min(4, nwords - off)
             if step == 4:
-                res.extend(ld_shared_v4(addr + off * 4))
+                res.extend(ptx.ld_shared_v4(addr + off * 4))
             elif step == 2:
-                res.extend(ld_shared_v2(addr + off * 4))
+                res.extend(ptx.ld_shared_v2(addr + off * 4))
             else:
-                res.append(ld_shared_b32(addr + off * 4))
+                res.append(ptx.ld_shared_b32(addr + off * 4))
             off += step
         return res
 
@@ -685,15 +419,15 @@ class WarpW4A16GroupedGemm:
         words, s_lo, s_hi, b_lo, b_hi = [], [], [], [], []
         for m in cutlass.range_constexpr(MW):
             mb = warp * MW + m
-            words.append([ld_shared_v4(sbase + ((mb * C + c) * 32 + lane) * 16) for c in range(C)])
+            words.append([ptx.ld_shared_v4(sbase + ((mb * C + c) * 32 + lane) * 16) for c in range(C)])
             saddr = sbase + self.code_bytes + (mb * 8 + q) * (gpt * 4)
             sw = self._lds_words(saddr, gpt)
-            s_lo.append([prmt_imm(v, 0x1010) for v in sw])
-            s_hi.append([prmt_imm(v, 0x3232) for v in sw])
+            s_lo.append([ptx.prmt_imm(v, 0x1010) for v in sw])
+            s_hi.append([ptx.prmt_imm(v, 0x3232) for v in sw])
             if const_expr(cfg.zero_point):
                 bw = self._lds_words(saddr + self.scale_bytes, gpt)
-                b_lo.append([prmt_imm(v, 0x1010) for v in bw])
-                b_hi.append([prmt_imm(v, 0x3232) for v in bw])
+                b_lo.append([ptx.prmt_imm(v, 0x1010) for v in bw])
+                b_hi.append([ptx.prmt_imm(v, 0x3232) for v in bw])
         # ldmatrix lane addressing: token row 8*nb8 + lane % 8, 16-byte chunk (4*kb2 + lane // 8) ^ (lane % 8)
         lrow = sbase + self.w_stage + (lane % 8) * (BK * 2)
         lx = lane % 8
@@ -702,7 +436,7 @@ class WarpW4A16GroupedGemm:
         for kb2 in cutlass.range_constexpr(KB // 2):
             bfr = []
             for nb8 in cutlass.range_constexpr(NB8):
-                bfr.append(ldmatrix_x4(lrow + nb8 * (8 * BK * 2) + (((4 * kb2 + lq) ^ lx) * 16)))
+                bfr.append(ptx.ldmatrix_x4(lrow + nb8 * (8 * BK * 2) + (((4 * kb2 + lq) ^ lx) * 16)))
             for kk in cutlass.range_constexpr(2):
                 kb = 2 * kb2 + kk
                 gi = (kb * 16) // g if (g and g <= BK) else 0
@@ -720,23 +454,23 @@ class WarpW4A16GroupedGemm:
                             a.append(self._dequant_fp4(word, i, sc))
                     for nb8 in cutlass.range_constexpr(NB8):
                         base = (m * NB8 + nb8) * 4
-                        d = mma_16816(a[0], a[1], a[2], a[3], bfr[nb8][2 * kk], bfr[nb8][2 * kk + 1],
+                        d = ptx.mma_16816(a[0], a[1], a[2], a[3], bfr[nb8][2 * kk], bfr[nb8][2 * kk + 1],
                                       acc[base], acc[base + 1], acc[base + 2], acc[base + 3], is_bf16)
                         for v in cutlass.range_constexpr(4):
                             acc[base + v] = d[v]
 
     def _dequant_int4(self, word, i: int, sc, bias):
-        src = word if i == 0 else shr_u32(word, 4 * i)
-        t = lop3_and_or(src, 0x000F000F, Int32(_u32(self.magic)))
-        b = Int32(_u32(self.sym_bias)) if bias is None else bias
-        t = hfma2(t, Int32(_u32(self.one2)), b, self.is_bf16)
-        return hfma2(t, sc, Int32(self.neg0), self.is_bf16)
+        src = word if i == 0 else ptx.shr_u32(word, 4 * i)
+        t = ptx.lop3_and_or(src, 0x000F000F, Int32(ptx.signed32(self.magic)))
+        b = Int32(ptx.signed32(self.sym_bias)) if bias is None else bias
+        t = ptx.hfma2(t, Int32(ptx.signed32(self.one2)), b, self.is_bf16)
+        return ptx.hfma2(t, sc, Int32(self.neg0), self.is_bf16)
 
     def _dequant_fp4(self, word, i: int, sc):
         """E2M1 pair of register ``a_i`` (nibble ``i``: lo half, nibble ``i + 4``: hi half) -> packed 16-bit
-        values times the scale (exact E2M1 patterns from ``prmt`` byte tables, :func:`.warp_config.e2m1_prmt_tables`).
+        values times the scale (exact E2M1 patterns from ``prmt`` byte tables, :func:`.config.e2m1_prmt_tables`).
 
-        fp16: ``m = (word << 4 >> 4i) & 0x00700070`` puts the magnitudes in bits 4..6 and 20..22; ``prmt(m,
+        fp16: ``m = (word << 4 >> 4i) & 0x00700070`` puts the magnitudes in bits 4..6 and 20..22; ``prmt_imm(m,
         0x0020)`` moves byte 2 to byte 1, giving the selector nibbles ``(0, m_lo, 0, m_hi)``; ``prmt`` over the
         high-byte table yields ``(0x00, H[m_lo], 0x00, H[m_hi])`` (fp16 E2M1 values have zero low bytes).
         bf16: selector ``(m_lo, 0, m_hi, 0)`` over the high- and low-byte tables, merged with one ``prmt``.
@@ -744,46 +478,32 @@ class WarpW4A16GroupedGemm:
         (h0, h1), (l0, l1) = e2m1_prmt_tables(self.is_bf16)
         sg = self._shl(word, 12 - 4 * i)  # lo sign -> bit 15, hi sign -> bit 31
         if self.is_bf16:
-            m = and_imm(self._shl(word, -4 * i), 0x00070007)
-            sel = prmt_imm(m, 0x0020)
-            hb = prmt(Int32(_u32(h0)), Int32(_u32(h1)), sel)
-            lb = prmt(Int32(_u32(l0)), Int32(_u32(l1)), sel)
-            v = prmt(lb, hb, Int32(0x6240))
+            m = ptx.and_imm(self._shl(word, -4 * i), 0x00070007)
+            sel = ptx.prmt_imm(m, 0x0020)
+            hb = ptx.prmt_pair(Int32(ptx.signed32(h0)), Int32(ptx.signed32(h1)), sel)
+            lb = ptx.prmt_pair(Int32(ptx.signed32(l0)), Int32(ptx.signed32(l1)), sel)
+            v = ptx.prmt_pair(lb, hb, Int32(0x6240))
         else:
-            m = and_imm(self._shl(word, 4 - 4 * i), 0x00700070)
-            sel = prmt_imm(m, 0x0020)
-            v = prmt(Int32(_u32(h0)), Int32(_u32(h1)), sel)
-        v = lop3_or_and(v, sg, 0x80008000)
-        return hfma2(v, sc, Int32(self.neg0), self.is_bf16)
+            m = ptx.and_imm(self._shl(word, 4 - 4 * i), 0x00700070)
+            sel = ptx.prmt_imm(m, 0x0020)
+            v = ptx.prmt_pair(Int32(ptx.signed32(h0)), Int32(ptx.signed32(h1)), sel)
+        v = ptx.lop3_or_and(v, sg, 0x80008000)
+        return ptx.hfma2(v, sc, Int32(self.neg0), self.is_bf16)
 
     def _shl(self, x, s: int):
         """``x << s`` for a constant ``s`` of either sign (logical shift right when negative)."""
         if s > 0:
             return x << s
         if s < 0:
-            return shr_u32(x, -s)
+            return ptx.shr_u32(x, -s)
         return x
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
-    def _act(self, gate, up):
-        a = self.cfg.activation
-        if const_expr(a == "swiglu"):
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
-        elif const_expr(a == "geglu"):
-            return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
-        elif const_expr(a == "relu2"):
-            r = cutlass.max(gate, Float32(0.0))
-            return r * r
-        else:  # silu
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
-
-    @cute.jit
     def _epilogue(self, tidx, acc, buf, misc_addr, w, out, g_routes, topk_weights, ws, counters, e, nb, tile, split,
                   n, k, num_experts, num_routes, top_k, num_splits, slot0, count):
         cfg = self.cfg
-        TN, MW, NB8, T = self.TN, self.MW, self.NB8, self.T
-        rs, cols = self.rs, self.cols
+        MW, NB8, rs = self.MW, self.NB8, self.rs
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         # (A) accumulators -> FP32 staging [TN][cols] (column = weight row in the CTA's row block)
@@ -793,114 +513,18 @@ class WarpW4A16GroupedGemm:
                 for nb8 in cutlass.range_constexpr(NB8):
                     for v in cutlass.range_constexpr(2):
                         tok = 8 * nb8 + 2 * (lane % 4) + v
-                        st_shared_f32(buf + (tok * rs + col) * 4, acc[(m * NB8 + nb8) * 4 + 2 * rh + v])
+                        ptx.st_shared_f32(buf + (tok * rs + col) * 4, acc[(m * NB8 + nb8) * 4 + 2 * rh + v])
         cute.arch.sync_threads()
 
         # (B) split-K: publish this split's partial tile; the last split to arrive finishes
-        nb_count = n // cols
-        tile_id = tile * nb_count + nb
-        tile_elems = TN * cols
-        ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
-        is_last = Int32(1)
-        if num_splits > 1:
-            vpr = cols // 4
-            for it in cutlass.range_constexpr((TN * vpr + T - 1) // T):
-                idx = tidx + it * T
-                i = idx // vpr
-                vv = idx % vpr
-                if i < count:
-                    d = ld_shared_v4(buf + (i * rs + vv * 4) * 4)
-                    dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
-                    st_global_v4(dst, d[0], d[1], d[2], d[3])
-            fence_acq_rel_gpu()
-            cute.arch.sync_threads()
-            if tidx == 0:
-                cnt_addr = counters.toint() + Int64(tile_id) * 4
-                old = atom_add_gpu(cnt_addr, 1)
-                last = Int32(0)
-                if old == num_splits - 1:
-                    last = Int32(1)
-                    st_global_b32(cnt_addr, 0)  # re-arm for the next launch
-                fence_acq_rel_gpu()
-                st_shared_b32(misc_addr + 4, last)
-            cute.arch.sync_threads()
-            is_last = ld_shared_b32(misc_addr + 4)
-            fence_acq_rel_gpu()
+        ws_base, nb_count, is_last = publish_split(self.epi_shape, tidx, buf, misc_addr, 4, ws, counters, n, nb, tile,
+                                                   split, num_splits, count, None)
 
         # (C) finish: 8 output columns per item
         if is_last != 0:
-            cols_out = self.cols_out
-            vpo = cols_out // 8
-            out_base = out.toint()
-            r_a = cute.make_rmem_tensor((8,), Float32)
-            r_b = cute.make_rmem_tensor((8,), Float32)
             gs_base = Int64(0)
             if const_expr(cfg.kind == "nvfp4"):
                 chunks = Int64(num_experts) * Int64(nb_count) * Int64(k // self.BK) * self.chunk
-                gs_base = w.toint() + chunks + (Int64(e) * Int64(n) + Int64(nb * cols)) * 4
-            for it in cutlass.range_constexpr((TN * vpo + T - 1) // T):
-                idx = tidx + it * T
-                i = idx // vpo
-                vv = idx % vpo
-                if i < count:
-                    self._gather8(r_a, buf, ws_base, num_splits, tile_elems, i, vv * 8, gs_base)
-                    if const_expr(cfg.gated):
-                        self._gather8(r_b, buf, ws_base, num_splits, tile_elems, i, cols_out + vv * 8, gs_base)
-                        vals = [self._act(r_a[q], r_b[q]) for q in range(8)]
-                    elif const_expr(cfg.mode == "gate_up"):
-                        vals = [self._act(r_a[q], r_a[q]) for q in range(8)]
-                    else:
-                        vals = [r_a[q] for q in range(8)]
-                    slot = slot0 + i
-                    if const_expr(cfg.epi == "h"):
-                        ldo = n // 2 if const_expr(cfg.gated) else n
-                        off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
-                        self._store8(out_base + off * 2, vals)
-                    elif const_expr(cfg.epi == "y"):
-                        route = g_routes[slot]
-                        off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
-                        self._store8(out_base + off * 2, vals)
-                    else:  # atomic_f32
-                        route = g_routes[slot]
-                        tok = route // top_k
-                        twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
-                        addr = out_base + (Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)) * 4
-                        if const_expr(self._vec_red()):
-                            red_add_v4_f32(addr, vals[0] * twt, vals[1] * twt, vals[2] * twt, vals[3] * twt)
-                            red_add_v4_f32(addr + 16, vals[4] * twt, vals[5] * twt, vals[6] * twt, vals[7] * twt)
-                        else:
-                            for q in cutlass.range_constexpr(8):
-                                red_add_f32(addr + 4 * q, vals[q] * twt)
-
-    def _vec_red(self) -> bool:
-        return arch_major(self.arch) >= 90
-
-    @cute.jit
-    def _gather8(self, res, buf, ws_base, num_splits, tile_elems, i, col, gs_base):
-        """``res`` (8 FP32) = staging row ``i`` from column ``col``: this CTA's tile, or the fixed-order sum of
-        every split's partial with split-K; times the NVFP4 global scales of those rows."""
-        if num_splits > 1:
-            res.fill(0.0)
-            for s in cutlass.range(num_splits, unroll=1):
-                base = ws_base + Int64((s * tile_elems + i * self.cols + col) * 4)
-                a = ld_global_cg_v4(base)
-                b = ld_global_cg_v4(base + 16)
-                for q in cutlass.range_constexpr(4):
-                    res[q] = res[q] + i32_as_f32(a[q])
-                    res[4 + q] = res[4 + q] + i32_as_f32(b[q])
-        else:
-            a = ld_shared_v4(buf + (i * self.rs + col) * 4)
-            b = ld_shared_v4(buf + (i * self.rs + col + 4) * 4)
-            for q in cutlass.range_constexpr(4):
-                res[q] = i32_as_f32(a[q])
-                res[4 + q] = i32_as_f32(b[q])
-        if const_expr(self.cfg.kind == "nvfp4"):
-            ga = ld_global_nc_v4(gs_base + col * 4)
-            gb = ld_global_nc_v4(gs_base + col * 4 + 16)
-            for q in cutlass.range_constexpr(4):
-                res[q] = res[q] * i32_as_f32(ga[q])
-                res[4 + q] = res[4 + q] * i32_as_f32(gb[q])
-
-    def _store8(self, addr, vals):
-        p = [pack2_16(vals[2 * q], vals[2 * q + 1], self.is_bf16) for q in range(4)]
-        st_global_v4(addr, p[0], p[1], p[2], p[3])
+                gs_base = w.toint() + chunks + (Int64(e) * Int64(n) + Int64(nb * self.cols)) * 4
+            finish_store(self.epi_shape, tidx, buf, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
+                         num_routes, top_k, n, nb, gs_base)

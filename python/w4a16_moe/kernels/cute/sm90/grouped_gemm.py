@@ -4,7 +4,7 @@ Swap-AB formulation: ``D^T[N, M] = W[N, K] . X^T[K, M]``. Weight rows are the WG
 (``m64`` blocks, register operand A, INT4 dequantized in registers), routed tokens the WGMMA ``N``
 dimension (``TN`` tokens per tile, shared-memory operand B: gathered rows of x or h, 128-byte
 swizzled, K-major). FP32 accumulation. Weights come pre-permuted by
-:func:`.sm90_pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
+:func:`..sm90_pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
 ``64*X`` rows, K tile of ``BK``)).
 
 CTA = ``128 * (1 + consumer_wgs)`` threads:
@@ -27,7 +27,8 @@ CTA = ``128 * (1 + consumer_wgs)`` threads:
   whole tile, issue its WGMMAs, ``wait_group(0)``, release (simple reference schedule).
 * epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
   B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
-  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``.
+  the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``. Everything after
+  the staging tile is :mod:`..common.epilogue` (shared with the warp-MMA kernel).
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile to ``ws``,
 then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
@@ -92,8 +93,6 @@ Compile with :meth:`Sm90W4A16GroupedGemm.compile` (no GPU needed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import cuda.bindings.driver as cuda
 
 import cutlass
@@ -102,10 +101,14 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from . import sm90_ptx as ptx
-from .sm90_config import ACT_CODES, GATED as _GATED, Sm90GemmConfig, check_setmaxnreg
+from ..common import ptx
+from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_epilogue, check_mode_dtype
+from ..common.dequant import e2m1_pair
+from ..common.epilogue import EpilogueShape, finish_store, publish_split
+from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
+from .config import Sm90GemmConfig, check_setmaxnreg
 
-__all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "ACT_CODES", "check_setmaxnreg"]
+__all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "check_setmaxnreg"]
 
 
 def _round_up(a: int, b: int) -> int:
@@ -125,10 +128,7 @@ class Sm90W4A16GroupedGemm:
 
     def __init__(self, cfg: Sm90GemmConfig):
         c = cfg
-        if c.mode not in ("gate_up", "down"):
-            raise ValueError(f"mode {c.mode!r}")
-        if c.dtype not in ("bf16", "fp16"):
-            raise ValueError(f"dtype {c.dtype!r}")
+        check_mode_dtype(c.mode, c.dtype)
         if c.k_tile not in (64, 128):
             # the activation gather gives each producer thread rows r0 + j * (128 // (BK / 8)), which
             # must keep r0 % 8 (its swizzle phase) fixed: BK <= 128
@@ -152,12 +152,8 @@ class Sm90W4A16GroupedGemm:
         if c.mma_kblocks < 1 or (c.k_tile // 16) % c.mma_kblocks or (c.mma_kblocks > 1 and c.schedule != "overlap"):
             raise ValueError("mma_kblocks must divide k_tile / 16 (and be 1 with the serial schedule)")
         epi = c.epi
-        if c.mode == "gate_up" and epi != "h":
-            raise ValueError(f"gate_up epilogue {epi!r}")
-        if c.mode == "down" and epi not in ("y", "atomic_f32"):
-            raise ValueError(f"down epilogue {epi!r}")
-        if c.mode == "gate_up" and c.activation not in ACT_CODES:
-            raise ValueError(f"activation {c.activation!r}")
+        check_epilogue(c.mode, epi)
+        check_activation(c.mode, c.activation)
         g = c.group
         if g and not (c.k_tile % g == 0 or g % c.k_tile == 0):
             raise ValueError("group and k_tile: one must divide the other")
@@ -201,7 +197,6 @@ class Sm90W4A16GroupedGemm:
         self.nepi = 128 if self.PP else self.ncons  # threads that consume one stage / share one epilogue
         # epilogue: FP32 staging [TN][64X + 4] reusing the B ring
         self.cols = 64 * self.X  # accumulator columns (weight rows) per CTA
-        self.cols_out = self.cols // 2 if c.gated else self.cols
         self.rs = self.cols + 4  # padded staging row stride (FP32 elements): conflict-free writes
         self.epi_bytes = self.TN * self.rs * 4
         # one row block per CTA: the epilogue stages in the B ring (the producer is done by then);
@@ -212,23 +207,16 @@ class Sm90W4A16GroupedGemm:
         if smem > 227 * 1024:
             raise ValueError(f"{c.name()}: needs about {smem} bytes of shared memory")
         self.smem_bytes = smem
-        self.magic = 0x43004300 if self.is_bf16 else 0x64006400
-        self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
+        self.magic = INT4_MAGIC[c.dtype]
+        self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
+        self.epi_shape = EpilogueShape(tokens=self.TN, cols=self.cols, threads=self.nepi, mode=c.mode, epi=epi,
+                                       activation=c.activation, gated=c.gated, is_bf16=self.is_bf16)
 
     # ------------------------------------------------------------------------------------------
     def fake_args(self) -> list:
         """Compile-time stand-ins for ``__call__``'s arguments (null pointers with their alignment,
         Int32 sizes, a fake stream): one compile serves every size."""
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
-        def ptr(dt, align=16):
-            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-        out_dt = Float32 if self.cfg.epi == "atomic_f32" else self.ab_dtype
-        return [
-            ptr(cutlass.Uint8), ptr(self.ab_dtype), ptr(out_dt), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
-            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
-        ] + [Int32(1)] * 7 + [make_fake_stream()]
+        return fake_launch_args(self.ab_dtype, Float32 if self.cfg.epi == "atomic_f32" else self.ab_dtype)
 
     def compile(self, arch: str = "sm_90a"):
         """Cross-compile (no GPU needed); export with ``compiled.export_to_c(dir, name, prefix)``."""
@@ -291,14 +279,8 @@ class Sm90W4A16GroupedGemm:
             block=[self.threads, 1, 1],
             stream=stream,
             use_pdl=self.cfg.pdl,
-            **self._occupancy_kwargs(),
+            **occupancy_kwargs(self.cfg.min_ctas_per_sm),
         )
-
-    def _occupancy_kwargs(self) -> dict:
-        if self.cfg.min_ctas_per_sm > 1:
-            # (an explicit carveout also keeps the DSL from querying a device at compile time)
-            return dict(min_blocks_per_mp=self.cfg.min_ctas_per_sm, preferred_smem_carveout=100)
-        return {}
 
     # ------------------------------------------------------------------------------------------
     @cute.kernel
@@ -362,18 +344,9 @@ class Sm90W4A16GroupedGemm:
             cute.arch.griddepcontrol_launch_dependents()
         # which expert owns this tile: block_start[e] <= tile < block_start[e + 1], searched by all
         # threads in parallel (one round trip); no owner (tile >= block_start[E]) -> the CTA exits
-        for e_ in cutlass.range(tidx, num_experts, self.threads, unroll=1):
-            if g_bs[e_] <= tile:
-                if tile < g_bs[e_ + 1]:
-                    ptx.st_shared_b32(misc_addr, e_)
-        cute.arch.sync_threads()
-        e = ptx.ld_shared_b32(misc_addr)
+        e = tile_expert(g_bs, tile, num_experts, tidx, self.threads, misc_addr)
         if e >= 0:
-            # K range of this split
-            kt_total = k // BK
-            per_split = (kt_total + num_splits - 1) // num_splits
-            kt0 = split * per_split
-            nk = cutlass.max(cutlass.min(kt_total, kt0 + per_split) - kt0, 0)
+            _, kt0, nk = split_k_range(k, BK, split, num_splits)  # K range of this split
             if wg == 0:
                 if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
@@ -625,12 +598,12 @@ class Sm90W4A16GroupedGemm:
             x = xl if const_expr(self.PP) else cw * XW + xl
             saddr = wbase + self.code_bytes + (x * 32 + q) * (gpt * 4)
             sw = self._lds_words(saddr, gpt)
-            s_lo.append([ptx.prmt(v, 0x1010) for v in sw])
-            s_hi.append([ptx.prmt(v, 0x3232) for v in sw])
+            s_lo.append([ptx.prmt_imm(v, 0x1010) for v in sw])
+            s_hi.append([ptx.prmt_imm(v, 0x3232) for v in sw])
             if const_expr(self.cfg.zero_point):
                 bw = self._lds_words(saddr + self.scale_bytes, gpt)
-                b_lo.append([ptx.prmt(v, 0x1010) for v in bw])
-                b_hi.append([ptx.prmt(v, 0x3232) for v in bw])
+                b_lo.append([ptx.prmt_imm(v, 0x1010) for v in bw])
+                b_hi.append([ptx.prmt_imm(v, 0x3232) for v in bw])
             words = []
             for cc in cutlass.range_constexpr(C):
                 words.append(ptx.ld_shared_v4(wbase + ((x * C + cc) * 128 + ct) * 16))
@@ -657,15 +630,15 @@ class Sm90W4A16GroupedGemm:
         raw, s_lo, s_hi, b_lo, b_hi = tw_
         g = self.cfg.group
         gi = (kb * 16) // g if (g and g <= self.BK) else 0
-        magic = Int32(ptx._u32(self.magic))
-        sym = Int32(ptx._u32(self.sym_bias))
+        magic = Int32(ptx.signed32(self.magic))
+        sym = Int32(ptx.signed32(self.sym_bias))
         for xl in cutlass.range_constexpr(self.XW):
             word = raw[xl][kb // 4][kb % 4]
             if const_expr(self.cfg.fp4):
                 for i in cutlass.range_constexpr(4):
                     rh = i % 2
                     frag[(0, rh, i // 2), xl, kb] = ptx.packed_mul(
-                        self._e2m1_pair(word, i), s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
+                        e2m1_pair(word, i, self.is_bf16), s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
             else:
                 for i in cutlass.range_constexpr(4):
                     rh = i % 2
@@ -678,20 +651,6 @@ class Sm90W4A16GroupedGemm:
                     t = ptx.packed_add(t, bias, self.is_bf16)
                     t = ptx.packed_mul(t, s_lo[xl][gi] if rh == 0 else s_hi[xl][gi], self.is_bf16)
                     frag[(0, rh, i // 2), xl, kb] = t
-
-    @cute.jit
-    def _e2m1_pair(self, word, i: cutlass.Constexpr):
-        """The E2M1 codes of nibbles ``i`` (lo) and ``i + 4`` (hi) of ``word`` as a raw 16-bit pair whose
-        value is ``e2m1 * 2**-14`` (fp16) or ``e2m1 * 2**-126`` (bf16): the three magnitude bits land on
-        the lowest exponent bits and the top mantissa bit (exact, subnormals included), the sign bit on
-        bit 15. The pack folds ``2**14`` / ``2**126`` into the scales."""
-        mag_shift = (9 if not self.is_bf16 else 6) - 4 * i  # nibble bit 0 -> bit 9 (fp16) / 6 (bf16)
-        mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
-        sgn_shift = 12 - 4 * i  # nibble bit 3 -> bit 15
-        sgn = (word << sgn_shift) if sgn_shift > 0 else word
-        sgn = sgn & Int32(ptx._u32(0x80008000))
-        mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
-        return ptx.lop3_and_or(mag, mag_mask, sgn)
 
     @cute.jit
     def _mainloop(self, ct, cw, tn: cutlass.Constexpr, tiled_mma, b_layout, sB_ptr, sW_addr, full0, empty0, g0, nk,
@@ -761,19 +720,6 @@ class Sm90W4A16GroupedGemm:
         return res
 
     # ------------------------------------------------------------------------------------------
-    @cute.jit
-    def _act(self, gate, up):
-        a = self.cfg.activation
-        if const_expr(a == "swiglu"):
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
-        elif const_expr(a == "geglu"):
-            return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
-        elif const_expr(a == "relu2"):
-            r = cutlass.max(gate, Float32(0.0))
-            return r * r
-        else:  # silu
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
-
     def _acc_crd(self, v, rh, j, x, tn):
         """Coordinate of accumulator element (col pair v, row half rh, n8 block j, m64 block x) of a WGMMA
         N = ``tn`` accumulator."""
@@ -784,12 +730,8 @@ class Sm90W4A16GroupedGemm:
     @cute.jit
     def _epilogue(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
                   nb, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs):
-        cfg = self.cfg
         slot0, count = self._tile_routes(misc_addr, g_rs, g_bs, tile)
-        TN, XW, X = self.TN, self.XW, self.X
-        rs = self.rs
-        cols = self.cols
-        nthr = self.nepi
+        XW, rs, nthr = self.XW, self.rs, self.nepi
         tid = ct if const_expr(self.PP) else cw * 128 + ct
         bar_id = 1 + cw if const_expr(self.PP) else 1
         xoff = 0 if const_expr(self.PP) else cw * XW
@@ -810,97 +752,11 @@ class Sm90W4A16GroupedGemm:
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
 
         # (B) split-K: publish this split's partial tile, the last split to arrive finishes
-        nb_count = n // cols
-        tile_id = tile * nb_count + nb
-        tile_elems = TN * cols
-        ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
-        is_last = Int32(1)
         last_ofs = 4 + 4 * cw if const_expr(self.PP) else 4  # misc word 1 (ping-pong: 1 + warpgroup)
-        if num_splits > 1:
-            vpr = cols // 4
-            for it in cutlass.range_constexpr((TN * vpr + nthr - 1) // nthr):
-                idx = tid + it * nthr
-                i = idx // vpr
-                vv = idx % vpr
-                if i < count:
-                    d = ptx.ld_shared_v4(stg_addr + (i * rs + vv * 4) * 4)
-                    dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
-                    ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
-            ptx.fence_acq_rel_gpu()
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
-            if tid == 0:
-                cnt_addr = counters.toint() + Int64(tile_id) * 4
-                old = ptx.atom_add_gpu(cnt_addr, 1)
-                last = Int32(0)
-                if old == num_splits - 1:
-                    last = Int32(1)
-                    ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
-                ptx.fence_acq_rel_gpu()
-                ptx.st_shared_b32(misc_addr + last_ofs, last)
-            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
-            is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
-            ptx.fence_acq_rel_gpu()
+        ws_base, _, is_last = publish_split(self.epi_shape, tid, stg_addr, misc_addr, last_ofs, ws, counters, n, nb,
+                                            tile, split, num_splits, count, bar_id)
 
         # (C) finish: 8 output columns per item
         if is_last != 0:
-            cols_out = self.cols_out
-            vpo = cols_out // 8
-            out_base = out.toint()
-            r_a = cute.make_rmem_tensor((8,), Float32)
-            r_b = cute.make_rmem_tensor((8,), Float32)
-            for it in cutlass.range_constexpr((TN * vpo + nthr - 1) // nthr):
-                idx = tid + it * nthr
-                i = idx // vpo
-                vv = idx % vpo
-                if i < count:
-                    self._gather8(r_a, stg_addr, ws_base, num_splits, tile_elems, i, vv * 8)
-                    if const_expr(cfg.gated):
-                        self._gather8(r_b, stg_addr, ws_base, num_splits, tile_elems, i, cols_out + vv * 8)
-                        vals = [self._act(r_a[q], r_b[q]) for q in range(8)]
-                    elif const_expr(cfg.mode == "gate_up"):
-                        vals = [self._act(r_a[q], r_a[q]) for q in range(8)]
-                    else:
-                        vals = [r_a[q] for q in range(8)]
-                    slot = slot0 + i
-                    if const_expr(cfg.epi == "h"):
-                        ldo = n // 2 if const_expr(cfg.gated) else n
-                        off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
-                        self._store8(out_base + off * 2, vals)
-                    elif const_expr(cfg.epi == "y"):
-                        route = g_routes[slot]
-                        off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
-                        self._store8(out_base + off * 2, vals)
-                    else:  # atomic_f32
-                        route = g_routes[slot]
-                        tok = route // top_k
-                        twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
-                        off = Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)
-                        ptx.red_add_v4_f32(out_base + off * 4, vals[0] * twt, vals[1] * twt, vals[2] * twt,
-                                           vals[3] * twt)
-                        ptx.red_add_v4_f32(out_base + off * 4 + 16, vals[4] * twt, vals[5] * twt, vals[6] * twt,
-                                           vals[7] * twt)
-
-    @cute.jit
-    def _gather8(self, res, stg_addr, ws_base, num_splits, tile_elems, i, col):
-        """Fill ``res`` (8 FP32, rmem) with staging row ``i`` from column ``col``: this CTA's tile, or the
-        fixed-order sum of every split's partial when split-K is on."""
-        if num_splits > 1:
-            res.fill(0.0)
-            for s in cutlass.range(num_splits, unroll=1):
-                base = ws_base + Int64((s * tile_elems + i * self.cols + col) * 4)
-                a = ptx.ld_global_cg_v4(base)
-                b = ptx.ld_global_cg_v4(base + 16)
-                for q in cutlass.range_constexpr(4):
-                    res[q] = res[q] + ptx.i32_as_f32(a[q])
-                    res[4 + q] = res[4 + q] + ptx.i32_as_f32(b[q])
-        else:
-            a = ptx.ld_shared_v4(stg_addr + (i * self.rs + col) * 4)
-            b = ptx.ld_shared_v4(stg_addr + (i * self.rs + col + 4) * 4)
-            for q in cutlass.range_constexpr(4):
-                res[q] = ptx.i32_as_f32(a[q])
-                res[4 + q] = ptx.i32_as_f32(b[q])
-
-    @cute.jit
-    def _store8(self, addr, vals):
-        p = [ptx.pack2_16(vals[2 * q], vals[2 * q + 1], self.is_bf16) for q in range(4)]
-        ptx.st_global_v4(addr, p[0], p[1], p[2], p[3])
+            finish_store(self.epi_shape, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
+                         num_routes, top_k, n, nb, None)

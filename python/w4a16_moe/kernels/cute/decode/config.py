@@ -1,6 +1,6 @@
 """Static configuration of one route-major decode kernel (no CuTe DSL import).
 
-Kept apart from the kernel module (:mod:`.decode_gemv`) so that selecting kernels and looking up prebuilt
+Kept apart from the kernel module (:mod:`.gemv`) so that selecting kernels and looking up prebuilt
 ones at run time never imports ``cutlass``.
 """
 
@@ -8,17 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DecodeGemvConfig", "ACT_CODES", "GATED"]
+from ..common.codes import is_gated
 
-ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
-GATED = {"swiglu", "geglu"}
+__all__ = ["DecodeGemvConfig"]
 
 
 @dataclass(frozen=True)
 class DecodeGemvConfig:
     """Static configuration of one compiled decode kernel (every field shapes the generated code).
 
-    The kernel reads the SM90 fragment-ready weight layout (:mod:`.sm90_pack`) of ``m64_per_block`` x
+    The kernel reads the SM90 fragment-ready weight layout (:mod:`..sm90_pack`) of ``m64_per_block`` x
     ``k_tile``, so it shares the packed copy with the WGMMA family's tiles of the same layout.
     """
 
@@ -33,11 +32,11 @@ class DecodeGemvConfig:
     warps: int = 8  # warps per CTA; they split the K range (gate_up) or the (route, K part) items (down)
     unroll: int = 4  # k64 units per load batch (16-byte weight loads in flight per thread: X * unroll)
     pdl: bool = True  # down: programmatic dependent launch (prefetch the weights into L2 while gate/up runs)
-    ctas: int = 0  # > 0: a persistent grid of at most this many CTAs over the compacted work (see decode_gemv)
+    ctas: int = 0  # > 0: a persistent grid of at most this many CTAs over the compacted work (see decode.gemv)
 
     @property
     def gated(self) -> bool:
-        return self.mode == "gate_up" and self.activation in GATED
+        return is_gated(self.mode, self.activation)
 
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)

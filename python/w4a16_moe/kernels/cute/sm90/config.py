@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Sm90GemmConfig", "ACT_CODES", "GATED", "check_setmaxnreg"]
+from ..common.codes import is_gated, resolve_epilogue
+
+__all__ = ["Sm90GemmConfig", "check_setmaxnreg"]
 
 
 def check_setmaxnreg(cfg: "Sm90GemmConfig", entry_regs: int) -> None:
@@ -20,9 +22,6 @@ def check_setmaxnreg(cfg: "Sm90GemmConfig", entry_regs: int) -> None:
         have = entry_regs * 128 * (1 + cfg.consumer_wgs)
         if need > have:
             raise RuntimeError(f"{cfg.name()}: setmaxnreg budgets need {need} registers, launch gives {have}")
-
-ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
-GATED = {"swiglu", "geglu"}
 
 
 @dataclass(frozen=True)
@@ -65,13 +64,11 @@ class Sm90GemmConfig:
 
     @property
     def gated(self) -> bool:
-        return self.mode == "gate_up" and self.activation in GATED
+        return is_gated(self.mode, self.activation)
 
     @property
     def epi(self) -> str:
-        if self.epilogue != "auto":
-            return self.epilogue
-        return "h" if self.mode == "gate_up" else "y"
+        return resolve_epilogue(self.mode, self.epilogue)
 
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)

@@ -8,7 +8,7 @@ reads its expert id straight from ``topk_ids``.
 
 * ``gate_up``: grid ``(4 * N / (64 X), R)``; CTA ``(4 nb + s, r)`` computes ``h[r, cols]`` of route
   ``r`` for the 16-row slice ``s`` of every m64 block of row block ``nb`` (gated: the gate and up halves
-  sit in the same thread, see :mod:`.sm90_pack`), its ``warps`` warps splitting K into ``num_parts``
+  sit in the same thread, see :mod:`..sm90_pack`), its ``warps`` warps splitting K into ``num_parts``
   parts (warp ``w`` takes parts ``w, w + warps, ...``). Invalid routes (expert id outside
   ``[expert_offset, expert_offset + E)``) exit at once; their ``h`` rows are never read.
 * ``down``: grid ``(4 * H / (64 X), T)``; CTA ``(4 nb + s, t)`` computes ``out[t, cols]`` =
@@ -59,103 +59,18 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass._mlir import ir
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
-from . import sm90_ptx as ptx
-from .decode_config import ACT_CODES, DecodeGemvConfig
+from ..common import ptx
+from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_mode_dtype
+from ..common.dequant import e2m1_pair
+from ..common.epilogue import act
+from ..common.grid import fake_launch_args
+from .config import DecodeGemvConfig
 
 __all__ = ["Sm90W4A16DecodeGemv", "DecodeGemvConfig", "PTXAS_OPTIONS"]
 
 #: ptxas options of every decode kernel (one CTA per SM is enough to budget registers for)
 PTXAS_OPTIONS = "--ptxas-options='--minnctapersm 1'"
-
-
-def _i32(x, loc, ip):
-    return Int32(x).ir_value(loc=loc, ip=ip)
-
-
-def _i64(x, loc, ip):
-    return Int64(x).ir_value(loc=loc, ip=ip)
-
-
-def _struct(n: int, ty: str = "i32"):
-    return ir.Type.parse("!llvm.struct<(" + ", ".join([ty] * n) + ")>")
-
-
-@dsl_user_op
-def evict_first_policy(*, loc=None, ip=None) -> Int64:
-    r = llvm.inline_asm(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l",
-                        has_side_effects=True, loc=loc, ip=ip)
-    return Int64(r)
-
-
-@dsl_user_op
-def ld_stream_pred(addr, pred, policy, nwords: int, *, loc=None, ip=None):
-    """``nwords`` (1, 2, 4) 32-bit words of streamed weight data, or zeros when ``pred`` is 0:
-    ``ld.global.nc.L1::no_allocate.L2::cache_hint`` with ``policy``."""
-    outs = ", ".join(f"${i}" for i in range(nwords))
-    zero = " ".join(f"mov.b32 ${i}, 0;" for i in range(nwords))
-    vec = f".v{nwords}" if nwords > 1 else ""
-    dst = f"{{{outs}}}" if nwords > 1 else "$0"
-    a, p, pol = nwords, nwords + 1, nwords + 2
-    asm = (f"{{ .reg .pred p; setp.ne.b32 p, ${p}, 0; {zero} "
-           f"@p ld.global.nc.L1::no_allocate.L2::cache_hint{vec}.b32 {dst}, [${a}], ${pol}; }}")
-    cons = ",".join(["=&r"] * nwords) + ",l,r,l"
-    if nwords == 1:
-        r = llvm.inline_asm(T.i32(), [_i64(addr, loc, ip), _i32(pred, loc, ip), _i64(policy, loc, ip)], asm, cons,
-                            has_side_effects=True, loc=loc, ip=ip)
-        return (Int32(r),)
-    r = llvm.inline_asm(_struct(nwords), [_i64(addr, loc, ip), _i32(pred, loc, ip), _i64(policy, loc, ip)], asm,
-                        cons, has_side_effects=True, loc=loc, ip=ip)
-    return tuple(Int32(llvm.extractvalue(T.i32(), r, [i], loc=loc, ip=ip)) for i in range(nwords))
-
-
-@dsl_user_op
-def prefetch_l2_bulk(addr, nbytes, *, loc=None, ip=None) -> None:
-    """``cp.async.bulk.prefetch.L2.global``: bring ``nbytes`` (a multiple of 16, 16-byte aligned) into L2."""
-    llvm.inline_asm(None, [_i64(addr, loc, ip), _i32(nbytes, loc, ip)], "cp.async.bulk.prefetch.L2.global [$0], $1;",
-                    "l,r", has_side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ballot(pred, *, loc=None, ip=None) -> Int32:
-    """``vote.sync.ballot.b32`` over the full warp of ``pred != 0``."""
-    r = llvm.inline_asm(T.i32(), [_i32(pred, loc, ip)],
-                        "{ .reg .pred p; setp.ne.b32 p, $1, 0; vote.sync.ballot.b32 $0, p, 0xffffffff; }", "=r,r",
-                        has_side_effects=True, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def lanemask_lt(*, loc=None, ip=None) -> Int32:
-    """``%lanemask_lt``: the bits of the lanes below this one."""
-    r = llvm.inline_asm(T.i32(), [], "mov.u32 $0, %lanemask_lt;", "=r", has_side_effects=False, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def ld_act_pred(addr, pred, *, loc=None, ip=None) -> Int32:
-    """One 32-bit word of activations (``ld.global.nc``), or 0 when ``pred`` is 0."""
-    asm = "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }"
-    r = llvm.inline_asm(T.i32(), [_i64(addr, loc, ip), _i32(pred, loc, ip)], asm, "=&r,l,r",
-                        has_side_effects=True, loc=loc, ip=ip)
-    return Int32(r)
-
-
-@dsl_user_op
-def mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, is_bf16: bool, *, loc=None, ip=None):
-    """``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32``; returns (d0, d1, d2, d3)."""
-    ty = "bf16" if is_bf16 else "f16"
-    r = llvm.inline_asm(
-        _struct(4, "f32"),
-        [_i32(v, loc, ip) for v in (a0, a1, a2, a3, b0, b1)]
-        + [Float32(v).ir_value(loc=loc, ip=ip) for v in (c0, c1, c2, c3)],
-        f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, {{$8, $9}}, "
-        "{$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", has_side_effects=False, loc=loc, ip=ip)
-    return tuple(Float32(llvm.extractvalue(T.f32(), r, [i], loc=loc, ip=ip)) for i in range(4))
 
 
 class Sm90W4A16DecodeGemv:
@@ -167,12 +82,8 @@ class Sm90W4A16DecodeGemv:
 
     def __init__(self, cfg: DecodeGemvConfig, arch: str = "sm_90a"):
         c = cfg
-        if c.mode not in ("gate_up", "down"):
-            raise ValueError(f"mode {c.mode!r}")
-        if c.dtype not in ("bf16", "fp16"):
-            raise ValueError(f"dtype {c.dtype!r}")
-        if c.mode == "gate_up" and c.activation not in ACT_CODES:
-            raise ValueError(f"activation {c.activation!r}")
+        check_mode_dtype(c.mode, c.dtype)
+        check_activation(c.mode, c.activation)
         if c.k_tile not in (64, 128) or c.m64_per_block not in (1, 2, 4, 8):
             raise ValueError("k_tile must be 64 or 128 and m64_per_block 1, 2, 4 or 8 (the SM90 layouts)")
         if c.gated and c.m64_per_block % 2:
@@ -199,8 +110,8 @@ class Sm90W4A16DecodeGemv:
         self.scale_bytes = self.X * 32 * self.gpt * 4
         self.bias_bytes = self.scale_bytes if c.zero_point else 0
         self.chunk = self.code_bytes + self.scale_bytes + self.bias_bytes
-        self.magic = 0x43004300 if self.is_bf16 else 0x64006400
-        self.sym_bias = 0xC308C308 if self.is_bf16 else 0xE408E408  # -(magic + 8) in both halves
+        self.magic = INT4_MAGIC[c.dtype]
+        self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
         self.outs = (self.X // 2 if c.gated else self.X) * 16  # outputs per CTA
         self.pdl = c.pdl and c.mode == "down"
         self.ctas = c.ctas
@@ -209,17 +120,8 @@ class Sm90W4A16DecodeGemv:
 
     # ------------------------------------------------------------------------------------------------------
     def fake_args(self) -> list:
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
         ab = cutlass.BFloat16 if self.is_bf16 else cutlass.Float16
-
-        def ptr(dt, align=16):
-            return make_ptr(dt, 0, cute.AddressSpace.gmem, assumed_align=align)
-
-        return [
-            ptr(cutlass.Uint8), ptr(ab), ptr(ab), ptr(Int32, 4), ptr(Int32, 4), ptr(Int32, 4),
-            ptr(Float32, 4), ptr(Float32), ptr(Int32, 4),
-        ] + [Int32(1)] * 7 + [make_fake_stream()]
+        return fake_launch_args(ab, ab)
 
     def compile(self, arch: str = "sm_90a"):
         """Cross-compile for ``arch`` (no GPU needed)."""
@@ -372,8 +274,8 @@ class Sm90W4A16DecodeGemv:
                     if e >= 0:
                         if e < num_experts:
                             ok = Int32(1)
-        bal = ballot(ok)
-        pre = cute.arch.popc(bal & lanemask_lt())
+        bal = ptx.ballot(ok)
+        pre = cute.arch.popc(bal & ptx.lanemask_lt())
         if lane == 0:
             ptx.st_shared_b32(wtot + warp * 4, cute.arch.popc(bal))
         cute.arch.sync_threads()
@@ -425,7 +327,7 @@ class Sm90W4A16DecodeGemv:
             if ej >= 0:
                 if ej < num_experts:
                     if size > 0:
-                        prefetch_l2_bulk(w_nb + Int64(ej) * wrow + Int64(lo), size)
+                        ptx.prefetch_l2_bulk(w_nb + Int64(ej) * wrow + Int64(lo), size)
 
     @cute.jit
     def _down_unit(self, w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k, expert_offset,
@@ -462,9 +364,9 @@ class Sm90W4A16DecodeGemv:
         nbat = (cutlass.max(u1 - u0, 0) + (U - 1)) // U
         t = 32 * s + lane  # the WGMMA thread whose fragment this lane reads
         q = t // 4
-        pol = evict_first_policy()
-        magic = Int32(ptx._u32(self.magic))
-        sym = Int32(ptx._u32(self.sym_bias))
+        pol = ptx.evict_first_policy()
+        magic = Int32(ptx.signed32(self.magic))
+        sym = Int32(ptx.signed32(self.sym_bias))
         xoff = (lane % 4) * 4
         for b in cutlass.range(nbat, unroll=1):
             bt = self._load_batch(wb, row, u0 + b * U, u1, t, q, xoff, pol)
@@ -489,16 +391,16 @@ class Sm90W4A16DecodeGemv:
             gi0 = (c * 64) // g if const_expr(g and g <= BK) else 0
             cw, sw, bw = [], [], []
             for x in cutlass.range_constexpr(X):
-                cw.append(ld_stream_pred(cb + Int64(((x * C + c) * 128 + t) * 16), ok, pol, 4))
+                cw.append(ptx.ld_stream_pred(cb + Int64(((x * C + c) * 128 + t) * 16), ok, pol, 4))
                 sa = cb + Int64(self.code_bytes + ((x * 32 + q) * self.gpt + gi0) * 4)
-                sw.append(ld_stream_pred(sa, ok, pol, self.wpu))
+                sw.append(ptx.ld_stream_pred(sa, ok, pol, self.wpu))
                 if const_expr(cfg.zero_point):
-                    bw.append(ld_stream_pred(sa + self.scale_bytes, ok, pol, self.wpu))
+                    bw.append(ptx.ld_stream_pred(sa + self.scale_bytes, ok, pol, self.wpu))
             codes.append(cw)
             scl.append(sw)
             bia.append(bw)
             xa = row + Int64(u * 128 + xoff)
-            xw.append([ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
+            xw.append([ptx.ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
         return codes, scl, bia, xw
 
     @cute.jit
@@ -513,56 +415,32 @@ class Sm90W4A16DecodeGemv:
                 for jj in cutlass.range_constexpr(4):
                     lg = (16 * jj) // g if const_expr(g and g <= 64) else 0
                     sv = scl[ii][x][lg]
-                    s_lo = ptx.prmt(sv, 0x1010)
-                    s_hi = ptx.prmt(sv, 0x3232)
+                    s_lo = ptx.prmt_imm(sv, 0x1010)
+                    s_hi = ptx.prmt_imm(sv, 0x3232)
                     word = codes[ii][x][jj]
                     a = []
                     for i in cutlass.range_constexpr(4):
                         rh = i % 2
                         if const_expr(cfg.fp4):
-                            v = ptx.packed_mul(self._e2m1_pair(word, i), s_lo if rh == 0 else s_hi,
+                            v = ptx.packed_mul(e2m1_pair(word, i, self.is_bf16), s_lo if rh == 0 else s_hi,
                                                self.is_bf16)
                         else:
                             src = word if i == 0 else (word >> (4 * i))
                             v = ptx.lop3_and_or(src, 0x000F000F, magic)
                             if const_expr(cfg.zero_point):
                                 bv = bia[ii][x][lg]
-                                bias = ptx.prmt(bv, 0x1010) if rh == 0 else ptx.prmt(bv, 0x3232)
+                                bias = ptx.prmt_imm(bv, 0x1010) if rh == 0 else ptx.prmt_imm(bv, 0x3232)
                             else:
                                 bias = sym
                             v = ptx.packed_add(v, bias, self.is_bf16)
                             v = ptx.packed_mul(v, s_lo if rh == 0 else s_hi, self.is_bf16)
                         a.append(v)
-                    d = mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
+                    d = ptx.mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
                                   acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3], self.is_bf16)
                     for v in cutlass.range_constexpr(4):
                         acc[4 * x + v] = d[v]
 
-    @cute.jit
-    def _e2m1_pair(self, word, i: cutlass.Constexpr):
-        """E2M1 nibbles ``i`` (lo) and ``i + 4`` (hi) as a raw 16-bit pair (as in the SM90 kernel)."""
-        mag_shift = (9 if not self.is_bf16 else 6) - 4 * i
-        mag_mask = 0x0E000E00 if not self.is_bf16 else 0x01C001C0
-        sgn_shift = 12 - 4 * i
-        sgn = (word << sgn_shift) if sgn_shift > 0 else word
-        sgn = sgn & Int32(ptx._u32(0x80008000))
-        mag = (word << mag_shift) if mag_shift > 0 else (word >> (-mag_shift)) if mag_shift < 0 else word
-        return ptx.lop3_and_or(mag, mag_mask, sgn)
-
     # ------------------------------------------------------------------------------------------------------
-    @cute.jit
-    def _act(self, gate, up):
-        a = self.cfg.activation
-        if const_expr(a == "swiglu"):
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
-        elif const_expr(a == "geglu"):
-            return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
-        elif const_expr(a == "relu2"):
-            r = cutlass.max(gate, Float32(0.0))
-            return r * r
-        else:  # silu
-            return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
-
     @cute.jit
     def _finish(self, tot, red, out, warp, lane, tidx, s, nb, n, orow):
         """Add the warps' sums in warp order and store this CTA's outputs of output row ``orow``."""
@@ -583,11 +461,11 @@ class Sm90W4A16DecodeGemv:
                 u = Float32(0.0)
                 for kk in cutlass.range_constexpr(W):
                     u = u + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x + X // 2) * 16 + rr) * 4))
-                val = self._act(v, u)
+                val = act(cfg.activation, v, u)
                 ldo = n // 2
                 col = nb * (32 * X) + 64 * x + 16 * s + rr
             else:
-                val = self._act(v, v) if const_expr(cfg.mode == "gate_up") else v
+                val = act(cfg.activation, v, v) if const_expr(cfg.mode == "gate_up") else v
                 ldo = n
                 col = nb * (64 * X) + 64 * x + 16 * s + rr
             g_out = cute.make_tensor(out, cute.make_layout((orow + 1) * ldo))

@@ -2,17 +2,17 @@
 
 Kept apart from the kernel module so that selecting kernels and looking up prebuilt ones at run time never
 imports ``cutlass`` (a prebuilt wheel runs without the DSL). The kernel itself is
-:mod:`.warp_grouped_gemm`; the packed weight layout it reads is :mod:`.warp_pack`.
+:mod:`.grouped_gemm`; the packed weight layout it reads is :mod:`..warp_pack`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["WarpGemmConfig", "ACT_CODES", "GATED", "KINDS", "e2m1_prmt_tables"]
+from ..common.codes import is_gated, resolve_epilogue
 
-ACT_CODES = {"swiglu": 0, "geglu": 1, "relu2": 2, "silu": 3}
-GATED = {"swiglu", "geglu"}
+__all__ = ["WarpGemmConfig", "KINDS", "e2m1_prmt_tables"]
+
 KINDS = ("int4", "nvfp4", "mxfp4")
 
 
@@ -60,13 +60,11 @@ class WarpGemmConfig:
 
     @property
     def gated(self) -> bool:
-        return self.mode == "gate_up" and self.activation in GATED
+        return is_gated(self.mode, self.activation)
 
     @property
     def epi(self) -> str:
-        if self.epilogue != "auto":
-            return self.epilogue
-        return "h" if self.mode == "gate_up" else "y"
+        return resolve_epilogue(self.mode, self.epilogue)
 
     @property
     def rows_per_cta(self) -> int:

@@ -1,0 +1,206 @@
+"""Epilogue blocks shared by the SM90 WGMMA and the warp-MMA grouped GEMMs (CuTe DSL device code).
+
+Both kernels end a CTA's tile the same way once its FP32 accumulators sit in a shared staging tile
+``[TN][cols + 4]`` (row = token of the tile, column = weight row of the CTA's row block; the padding keeps
+the accumulator writes conflict free):
+
+1. :func:`publish_split` (split-K, runtime ``num_splits > 1``): every split stores its partial tile (rows
+   ``< count``) to ``ws`` and bumps the tile's counter; the last split to arrive re-arms the counter and
+   alone goes on (``is_last``);
+2. :func:`finish_store`: 8 output columns per item: :func:`gather8` (the staging row, or the fixed-order
+   sum ``0..S-1`` of every split's partial: bit-identical whatever the arrival order; NVFP4 global scales),
+   :func:`act` (gate and up columns ``j`` and ``cols / 2 + j`` of a staging row), then :func:`store8`
+   (16-byte stores of h / y) or FP32 reductions into ``out`` (``atomic_f32``, scaled by the route's weight).
+
+The static shape of a kernel's epilogue is one :class:`EpilogueShape`; the threads that share it
+synchronize with ``bar.sync 0`` (``bar_id`` None) or a named barrier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, const_expr
+
+from . import ptx
+
+__all__ = ["EpilogueShape", "act", "cta_sync", "publish_split", "finish_store", "gather8", "store8"]
+
+
+@dataclass(frozen=True)
+class EpilogueShape:
+    """Static shape of one kernel's epilogue (every field shapes the generated code)."""
+
+    tokens: int  # TN: staging rows (routes of a token tile)
+    cols: int  # accumulator columns (weight rows) of a CTA's row block
+    threads: int  # threads sharing one epilogue
+    mode: str  # "gate_up" | "down"
+    epi: str  # "h" | "y" | "atomic_f32"
+    activation: str  # gate_up only
+    gated: bool
+    is_bf16: bool
+    vec_red: bool = True  # atomic_f32 with red.global.add.v4.f32 (sm_90+), else scalar reductions
+    global_scale: bool = False  # NVFP4: FP32 per-row global scales multiply the accumulators
+
+    @property
+    def rs(self) -> int:
+        """Padded staging row stride (FP32 elements)."""
+        return self.cols + 4
+
+    @property
+    def cols_out(self) -> int:
+        """Output columns per CTA (gated: half the accumulator columns)."""
+        return self.cols // 2 if self.gated else self.cols
+
+    @property
+    def tile_elems(self) -> int:
+        """FP32 elements of one split's partial tile in ``ws``."""
+        return self.tokens * self.cols
+
+
+@cute.jit
+def act(activation: cutlass.Constexpr, gate, up):
+    """The fused activation in FP32: ``act(gate) * up`` (swiglu, geglu) or ``act(gate)`` (relu2, silu)."""
+    if const_expr(activation == "swiglu"):
+        return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
+    elif const_expr(activation == "geglu"):
+        return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
+    elif const_expr(activation == "relu2"):
+        r = cutlass.max(gate, Float32(0.0))
+        return r * r
+    else:  # silu
+        return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634))
+
+
+@cute.jit
+def cta_sync(bar_id, nthr: cutlass.Constexpr):
+    """``bar.sync 0`` over the CTA (``bar_id`` None) or named barrier ``bar_id`` over ``nthr`` threads."""
+    if const_expr(bar_id is None):
+        cute.arch.sync_threads()
+    else:
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
+
+
+@cute.jit
+def publish_split(shape: cutlass.Constexpr, tid, stg_addr, misc_addr, last_ofs, ws, counters, n, nb,
+                  tile, split, num_splits, count, bar_id):
+    """Split-K step of the tile ``(nb, tile)``: ``(ws_base, nb_count, is_last)``.
+
+    With ``num_splits > 1`` every split stores its partial tile (staging rows ``< count``) to its slice of
+    ``ws`` (``ws_base`` + split * tile), then thread ``tid == 0`` bumps the tile's counter; the last split to
+    arrive re-arms it to 0 for the next launch. The verdict travels through the shared word at
+    ``misc_addr + last_ofs``; ``is_last`` is 1 without split-K."""
+    TN, cols, rs, nthr = shape.tokens, shape.cols, shape.rs, shape.threads
+    nb_count = n // cols
+    tile_id = tile * nb_count + nb
+    tile_elems = TN * cols
+    ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
+    is_last = Int32(1)
+    if num_splits > 1:
+        vpr = cols // 4
+        for it in cutlass.range_constexpr((TN * vpr + nthr - 1) // nthr):
+            idx = tid + it * nthr
+            i = idx // vpr
+            vv = idx % vpr
+            if i < count:
+                d = ptx.ld_shared_v4(stg_addr + (i * rs + vv * 4) * 4)
+                dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
+                ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
+        ptx.fence_acq_rel_gpu()
+        cta_sync(bar_id, nthr)
+        if tid == 0:
+            cnt_addr = counters.toint() + Int64(tile_id) * 4
+            old = ptx.atom_add_gpu(cnt_addr, 1)
+            last = Int32(0)
+            if old == num_splits - 1:
+                last = Int32(1)
+                ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
+            ptx.fence_acq_rel_gpu()
+            ptx.st_shared_b32(misc_addr + last_ofs, last)
+        cta_sync(bar_id, nthr)
+        is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
+        ptx.fence_acq_rel_gpu()
+    return ws_base, nb_count, is_last
+
+
+@cute.jit
+def gather8(shape: cutlass.Constexpr, res, stg_addr, ws_base, num_splits, i, col, gs_base):
+    """``res`` (8 FP32, rmem) = staging row ``i`` from column ``col``: this CTA's tile, or the fixed-order sum
+    of every split's partial with split-K; times the NVFP4 global scales at ``gs_base`` (``global_scale``)."""
+    if num_splits > 1:
+        res.fill(0.0)
+        for s in cutlass.range(num_splits, unroll=1):
+            base = ws_base + Int64((s * shape.tile_elems + i * shape.cols + col) * 4)
+            a = ptx.ld_global_cg_v4(base)
+            b = ptx.ld_global_cg_v4(base + 16)
+            for q in cutlass.range_constexpr(4):
+                res[q] = res[q] + ptx.i32_as_f32(a[q])
+                res[4 + q] = res[4 + q] + ptx.i32_as_f32(b[q])
+    else:
+        a = ptx.ld_shared_v4(stg_addr + (i * shape.rs + col) * 4)
+        b = ptx.ld_shared_v4(stg_addr + (i * shape.rs + col + 4) * 4)
+        for q in cutlass.range_constexpr(4):
+            res[q] = ptx.i32_as_f32(a[q])
+            res[4 + q] = ptx.i32_as_f32(b[q])
+    if const_expr(shape.global_scale):
+        ga = ptx.ld_global_nc_v4(gs_base + col * 4)
+        gb = ptx.ld_global_nc_v4(gs_base + col * 4 + 16)
+        for q in cutlass.range_constexpr(4):
+            res[q] = res[q] * ptx.i32_as_f32(ga[q])
+            res[4 + q] = res[4 + q] * ptx.i32_as_f32(gb[q])
+
+
+@cute.jit
+def store8(addr, vals, is_bf16: cutlass.Constexpr):
+    """Round 8 FP32 values to bf16 / f16 and store them as 16 bytes at global ``addr``."""
+    p = [ptx.pack2_16(vals[2 * q], vals[2 * q + 1], is_bf16) for q in range(4)]
+    ptx.st_global_v4(addr, p[0], p[1], p[2], p[3])
+
+
+@cute.jit
+def finish_store(shape: cutlass.Constexpr, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes,
+                 topk_weights, num_routes, top_k, n, nb, gs_base):
+    """The last split's (or the only) tile to ``out``: 8 output columns per item, items ``tid, tid + threads,
+    ...`` over the tile's ``count`` routes (slots ``slot0 ..``). ``h``: ``out[slot, :]``; ``y``:
+    ``out[sorted_routes[slot], :]``; ``atomic_f32``: ``out[token, :] += topk_weights[route] * y`` (FP32)."""
+    TN, nthr = shape.tokens, shape.threads
+    cols_out = shape.cols_out
+    vpo = cols_out // 8
+    out_base = out.toint()
+    r_a = cute.make_rmem_tensor((8,), Float32)
+    r_b = cute.make_rmem_tensor((8,), Float32)
+    for it in cutlass.range_constexpr((TN * vpo + nthr - 1) // nthr):
+        idx = tid + it * nthr
+        i = idx // vpo
+        vv = idx % vpo
+        if i < count:
+            gather8(shape, r_a, stg_addr, ws_base, num_splits, i, vv * 8, gs_base)
+            if const_expr(shape.gated):
+                gather8(shape, r_b, stg_addr, ws_base, num_splits, i, cols_out + vv * 8, gs_base)
+                vals = [act(shape.activation, r_a[q], r_b[q]) for q in range(8)]
+            elif const_expr(shape.mode == "gate_up"):
+                vals = [act(shape.activation, r_a[q], r_a[q]) for q in range(8)]
+            else:
+                vals = [r_a[q] for q in range(8)]
+            slot = slot0 + i
+            if const_expr(shape.epi == "h"):
+                ldo = n // 2 if const_expr(shape.gated) else n
+                off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
+                store8(out_base + off * 2, vals, shape.is_bf16)
+            elif const_expr(shape.epi == "y"):
+                route = g_routes[slot]
+                off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
+                store8(out_base + off * 2, vals, shape.is_bf16)
+            else:  # atomic_f32
+                route = g_routes[slot]
+                tok = route // top_k
+                twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
+                addr = out_base + (Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)) * 4
+                if const_expr(shape.vec_red):
+                    ptx.red_add_v4_f32(addr, vals[0] * twt, vals[1] * twt, vals[2] * twt, vals[3] * twt)
+                    ptx.red_add_v4_f32(addr + 16, vals[4] * twt, vals[5] * twt, vals[6] * twt, vals[7] * twt)
+                else:
+                    for q in cutlass.range_constexpr(8):
+                        ptx.red_add_f32(addr + 4 * q, vals[q] * twt)

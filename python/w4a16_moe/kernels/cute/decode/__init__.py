@@ -1,0 +1,1 @@
+"""The route-major decode kernels: static configuration and kernel."""
