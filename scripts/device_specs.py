@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 from w4a16_moe.aot import subset_specs  # noqa: E402
 from w4a16_moe.formats.schemes import get_scheme  # noqa: E402
-from w4a16_moe.kernels.cute import decode_family as dec  # noqa: E402
-from w4a16_moe.kernels.cute import sm90_family as fam  # noqa: E402
+from w4a16_moe.kernels.cute.decode import family as dec  # noqa: E402
+from w4a16_moe.kernels.cute.sm90 import family as fam  # noqa: E402
 
 
 def device_specs(decode_knobs=()) -> list:

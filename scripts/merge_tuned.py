@@ -1,4 +1,4 @@
-"""Merge ``python -m w4a16_moe tune --json`` results into the tuned table (``kernels/cute/tuned_sm90.json``).
+"""Merge ``python -m w4a16_moe tune --json`` results into the tuned table (``kernels/cute/sm90/tuned.json``).
 
     python scripts/merge_tuned.py RESULT.json [RESULT.json ...] [--table PATH]
 
@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 
-TABLE = os.path.join(os.path.dirname(__file__), "..", "python", "w4a16_moe", "kernels", "cute", "tuned_sm90.json")
+TABLE = os.path.join(os.path.dirname(__file__), "..", "python", "w4a16_moe", "kernels", "cute", "sm90", "tuned.json")
 
 
 def merge(table: dict, result: dict, log=print) -> dict:

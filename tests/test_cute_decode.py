@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import w4a16_moe as wm
-from w4a16_moe.kernels.cute import decode_family as dec
+from w4a16_moe.kernels.cute.decode import family as dec
 from w4a16_moe.kernels.cute import provider as prov
 
 from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe

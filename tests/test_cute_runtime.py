@@ -13,7 +13,8 @@ SCRIPT = textwrap.dedent("""
     sys.modules["cuda.bindings"] = None
     import torch, w4a16_moe as wm
     from w4a16_moe.device import DeviceInfo
-    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.kernels.cute.sm90 import family as fam
     from w4a16_moe.validate import check_moe_call
     g = torch.Generator().manual_seed(0)
     w = wm.quantize_experts(torch.randn(4, 512, 256, generator=g).bfloat16(),
@@ -49,7 +50,8 @@ def test_runtime_path_imports_no_cutlass(tmp_path):
 
 def test_tuned_rows_can_name_the_warp_family():
     """On SM90 a tuned-table row may hand a layer shape to the warp-MMA family (same arch, same ABI)."""
-    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.kernels.cute.sm90 import family as fam
 
     base = provider.Family("sm90", fam, "sm_90a")
     shape = (8, 384, 7168, 256, "int4_g32", "bf16", "NVIDIA H200")  # top_k, E, H, I, scheme, dtype, GPU
@@ -70,7 +72,8 @@ def test_run_kernel_forwards_the_launch_abi(monkeypatch):
     ctypes their data pointers followed by the current stream."""
     import torch
 
-    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.kernels.cute.sm90 import family as fam
 
     family = provider.Family("sm90", fam, "sm_90a")
     tensors = tuple(torch.zeros(1) for _ in range(9))

@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from w4a16_moe.formats.schemes import get_scheme
-from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90_config import Sm90GemmConfig
 
 RB_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("down_row_blocks_per_cta", 1) > 1]

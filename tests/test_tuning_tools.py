@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from w4a16_moe.bench.tune import decode_summary
-from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute.sm90 import family as fam
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 KEY = "GPU|e8_h512_i256|int4_g32|bf16|k8"
@@ -75,8 +75,8 @@ def test_tuned_decode_lookups(monkeypatch):
 
 def test_packaged_table_is_consistent():
     """Every row of the packaged table names an existing candidate / warp tile and a parseable knob set."""
-    from w4a16_moe.kernels.cute import decode_family as dec
-    from w4a16_moe.kernels.cute import warp_family
+    from w4a16_moe.kernels.cute.decode import family as dec
+    from w4a16_moe.kernels.cute.warp import family as warp_family
 
     for key, rows in fam._tuned_table().items():
         assert [r[0] for r in rows] == sorted(r[0] for r in rows), key

@@ -40,8 +40,8 @@ __all__ = ["AOT_ARCHS", "FAMILY_MODULES", "SUBSETS", "AotError", "AotFamily", "A
 #: archs the AOT build accepts (``--archs``, ``W4A16_MOE_AOT_ARCHS``)
 AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
 #: kernel family modules enumerated by default
-FAMILY_MODULES = ("w4a16_moe.kernels.cute.sm90_family", "w4a16_moe.kernels.cute.warp_family",
-                  "w4a16_moe.kernels.cute.decode_family")
+FAMILY_MODULES = ("w4a16_moe.kernels.cute.sm90.family", "w4a16_moe.kernels.cute.warp.family",
+                  "w4a16_moe.kernels.cute.decode.family")
 SUBSETS = ("smoke", "full")
 
 
@@ -77,7 +77,7 @@ class ArchPlan:
 
 def _sm90_variants(subset: str) -> list:
     from .formats.schemes import get_scheme
-    from .kernels.cute import sm90_family as fam
+    from .kernels.cute.sm90 import family as fam
 
     if subset == "full":
         return fam.variants()
@@ -87,9 +87,9 @@ def _sm90_variants(subset: str) -> list:
 
 #: what this module supplies for family modules that do not declare it themselves
 _FALLBACKS = {
-    "w4a16_moe.kernels.cute.sm90_family": {"ARCHS": ("sm_90a",), "aot_variants": _sm90_variants,
+    "w4a16_moe.kernels.cute.sm90.family": {"ARCHS": ("sm_90a",), "aot_variants": _sm90_variants,
                                            "SASS_EXPECT": ("HGMMA",)},
-    "w4a16_moe.kernels.cute.warp_family": {"SASS_EXPECT": ("HMMA",)},
+    "w4a16_moe.kernels.cute.warp.family": {"SASS_EXPECT": ("HMMA",)},
 }
 
 

@@ -56,7 +56,7 @@ def _kernel_lookup(scheme: str, dtype: str, activation: str, experts: int, top_k
     """Where the SM90 CuTe kernels of a one-token call of the case come from on ``arch`` (no build, no load)."""
     try:
         from .formats.schemes import get_scheme
-        from .kernels.cute import sm90_family as fam
+        from .kernels.cute.sm90 import family as fam
         from .loader import kernel_status
 
         sch = get_scheme(scheme)

@@ -77,7 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
     out_json = []
-    from ..kernels.cute import sm90_family as fam
+    from ..kernels.cute.sm90 import family as fam
 
     buckets = [None] if a.buckets is None else [int(b) for b in a.buckets.split(",")]
     tokens = [int(v) for v in a.tokens.split(",")]

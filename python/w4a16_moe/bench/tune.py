@@ -4,7 +4,7 @@ Times the CuTe provider's whole MoE call for every candidate tile shape (``sm90_
 rule's buckets plus deep-pipeline decode shapes) and split-K choice (``--splits``, default: the rule and
 1, 2, 4, 8) at each token count of a workload, the same way the benchmark times it (checked against the FP32
 reference first, then CUDA-graph replay), and writes the best choice per token count as tuned-table
-entries keyed by GPU name and layer shape (``kernels/cute/tuned_sm90.json`` format), with the versions.
+entries keyed by GPU name and layer shape (``kernels/cute/sm90/tuned.json`` format), with the versions.
 
 The data of a token count are the benchmark's row for it (the rows drawn in the workload's order from the
 benchmark's seed). ``--routings N`` times every candidate on N routings of each token count, the benchmark's
@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from ..api import fused_moe
-from ..kernels.cute import sm90_family as fam
+from ..kernels.cute.sm90 import family as fam
 from ..reference import reference_moe
 from .run import _meta, _nrmse, _time
 from .workloads import SEED, WORKLOADS, benchmark_rows, make_inputs, make_weights
@@ -33,7 +33,7 @@ __all__ = ["tune", "main"]
 @contextlib.contextmanager
 def _decode_trial(knobs: dict):
     """Force the decode path with ``knobs`` for one trial."""
-    from ..kernels.cute import decode_family as dec
+    from ..kernels.cute.decode import family as dec
 
     fam.FORCE.clear()
     dec.FORCE_KNOBS.clear()
@@ -57,7 +57,7 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
     """``decode_knobs``: knob sets (:func:`decode_family.parse_knobs` strings) of the route-major decode
     kernels to time beside the grouped-GEMM candidates (bucket ``"d:<knobs>"`` in the trials); ``routings``:
     routings per token count (see the module docstring); a trial's ``us`` is the mean over them."""
-    from ..kernels.cute import decode_family as dec
+    from ..kernels.cute.decode import family as dec
 
     wl = WORKLOADS[workload]
     dev = torch.device("cuda")

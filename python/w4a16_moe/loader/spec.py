@@ -248,23 +248,23 @@ _SOURCE_HASHES: dict = {}
 #: Families known without any import; other kernel modules call :func:`register_family` themselves.
 _BUILTIN_FAMILIES = {
     "selftest_axpy": ("w4a16_moe.loader.selftest_kernel:compile_selftest_axpy", ()),
-    # the SM90 W4A16 grouped GEMM (kernels/cute/sm90_family.py); every module that shapes its code is hashed
+    # the SM90 W4A16 grouped GEMM (kernels/cute/sm90/family.py); every module that shapes its code is hashed
     "sm90_w4a16_gemm": (
-        "w4a16_moe.kernels.cute.sm90_family:_compile",
+        "w4a16_moe.kernels.cute.sm90.family:_compile",
         (
             "w4a16_moe.kernels.cute.sm90_grouped_gemm",
             "w4a16_moe.kernels.cute.sm90_config",
             "w4a16_moe.kernels.cute.sm90_ptx",
         ),
     ),
-    # the portable warp-MMA (mma.sync) W4A16 grouped GEMM, sm_80..sm_120a (kernels/cute/warp_family.py)
+    # the portable warp-MMA (mma.sync) W4A16 grouped GEMM, sm_80..sm_120a (kernels/cute/warp/family.py)
     "warp_w4a16_gemm": (
-        "w4a16_moe.kernels.cute.warp_family:_compile",
+        "w4a16_moe.kernels.cute.warp.family:_compile",
         ("w4a16_moe.kernels.cute.warp_grouped_gemm", "w4a16_moe.kernels.cute.warp_config"),
     ),
-    # the route-major decode kernels (kernels/cute/decode_family.py): SM90 layout, mma.sync, no route prep
+    # the route-major decode kernels (kernels/cute/decode/family.py): SM90 layout, mma.sync, no route prep
     "w4a16_decode_gemv": (
-        "w4a16_moe.kernels.cute.decode_family:_compile",
+        "w4a16_moe.kernels.cute.decode.family:_compile",
         (
             "w4a16_moe.kernels.cute.decode_gemv",
             "w4a16_moe.kernels.cute.decode_config",

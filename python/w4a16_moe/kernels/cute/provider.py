@@ -38,7 +38,7 @@ import torch
 
 from ... import settings
 from ...device import DeviceInfo
-from . import sm90_family as fam
+from .sm90 import family as fam
 
 __all__ = ["unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked", "cute_expert_routes", "cute_warmup",
            "batch_invariant", "Family", "family_for"]
@@ -81,7 +81,7 @@ class Family:
         if self.name == "sm90":
             name, tiles, splits = self.module.choose_with_family(tokens, top_k, e, h, i, scheme, dt, gpu)
             if name == "warp":
-                from . import warp_family
+                from .warp import family as warp_family
 
                 return Family("warp", warp_family, self.arch), tiles, splits
             return self, tiles, splits
@@ -108,11 +108,11 @@ class Family:
 
     def pack(self, qm, cfg, dtype: torch.dtype, interleave: bool):
         if self.sm90_layout:
-            from .sm90_pack import pack_sm90
+            from .sm90.pack import pack_sm90
 
             return pack_sm90(qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile, compute_dtype=dtype,
                              interleave_gate_up=interleave)
-        from .warp_pack import layout_for, pack_warp
+        from .warp.pack import layout_for, pack_warp
 
         return pack_warp(qm, **layout_for(cfg), compute_dtype=dtype, interleave_gate_up=interleave)
 
@@ -127,7 +127,7 @@ def family_for(info: DeviceInfo) -> "tuple[Optional[Family], Optional[str]]":
             return None, f"W4A16_MOE_CUTE_FAMILY=sm90, but the SM90 family needs compute capability 9.x ({arch})"
         return Family("sm90", fam, "sm_90a"), None
     try:
-        from . import warp_family
+        from .warp import family as warp_family
     except ImportError as exc:  # pragma: no cover - the module ships with the package
         return None, f"the portable warp-MMA family is unavailable ({exc})"
     if arch not in warp_family.ARCHS:
@@ -284,7 +284,7 @@ def _check_capture(family: Family, weights, cfgs, dtype) -> None:
 
 def _gate_up(x, weights, ids, topk_weights, *, expert_offset: int, activation: str, finalize: str):
     """Route prep + gate/up GEMM: ``(h [T*k, I], plan, down config, packed w2, max_tiles)``."""
-    from ..triton.routing import prepare_routes
+    from ..routing.prepare import prepare_routes
 
     tokens, top_k = ids.shape
     dt = _DTYPES[x.dtype]
@@ -322,7 +322,7 @@ def _counter_tiles(family: Family, cfg, n: int, max_tiles: int, splits: int) -> 
 def _decode_family(x, weights, tokens: int, top_k: int) -> Optional[Family]:
     """The decode kernels' :class:`Family` when this routed call runs on them (:mod:`.decode_family`),
     else None. Only next to the SM90 family (they read its packed layout)."""
-    from . import decode_family as dec
+    from .decode import family as dec
 
     base = _family(x.device)
     if base.name != "sm90" or dec.mode() == "0":
@@ -373,7 +373,7 @@ def _decode_moe(family: Family, x, weights, topk_weights, ids, *, activation: st
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out) -> None:
     """Run one validated ``fused_moe`` call (see the module docstring) into ``out``."""
-    from ..triton.finalize import launch_finalize
+    from ..routing.finalize import launch_finalize
 
     tokens, top_k = topk_ids.shape
     if tokens == 0:
@@ -409,7 +409,7 @@ def cute_fused_moe_masked(x, weights, masked_m, *, activation: str, out) -> None
     The same two grouped GEMMs as the routed path with ``top_k = 1`` and the flat rows ``e*cap + r``
     as routes (the down GEMM's ``y`` epilogue writes them in place); no finalize pass.
     """
-    from ..triton.routing import prepare_masked_routes
+    from ..routing.prepare import prepare_masked_routes
 
     e, cap, h = x.shape
     if e == 0 or cap == 0:
@@ -480,7 +480,7 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
             buckets.append((family, tiles))
     names = []
     if base.name == "sm90":
-        from . import decode_family as dec
+        from .decode import family as dec
 
         bound = fam.decode_bound(gpu, e, h, i, weights.scheme.name, dt, top_k)
         dfam = Family("decode", dec, base.arch)

@@ -69,8 +69,8 @@ from typing import Optional
 
 import torch
 
-from ...formats.schemes import Scheme
-from ...formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
+from ....formats.schemes import Scheme
+from ....formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
 
 __all__ = [
     "WarpPackedMatrix",
@@ -376,7 +376,7 @@ def _bits_to(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _e2m1_half_bits(code: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """16-bit patterns of the exact E2M1 value of ``code`` (0..15) in ``dtype`` (what the kernel's lookup yields)."""
-    from ...formats.fp4 import E2M1_VALUES
+    from ....formats.fp4 import E2M1_VALUES
 
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32).to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
     return table.to(code.device)[code]

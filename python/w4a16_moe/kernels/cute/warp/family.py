@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec, config_codec
+from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
            "gemm_configs", "num_splits", "variants", "aot_variants", "kernel_config", "group_param"]
@@ -54,13 +54,13 @@ TILES = (
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .warp_grouped_gemm import WarpW4A16GroupedGemm
+    from ..warp_grouped_gemm import WarpW4A16GroupedGemm
 
     return WarpW4A16GroupedGemm(config_from_spec(spec), arch).compile(arch)
 
 
 def kernel_config(**fields):
-    from .warp_config import WarpGemmConfig
+    from ..warp_config import WarpGemmConfig
 
     return WarpGemmConfig(**fields)
 
@@ -122,7 +122,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
              tiles: Optional[Iterable[dict]] = None) -> list:
     """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4)."""
-    from ...formats.schemes import SCHEMES
+    from ....formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
@@ -145,7 +145,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 def aot_variants(subset: str) -> list:
     """Specs of an AOT subset: ``"smoke"`` (int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every
     bucket: 16 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation, finalize, bucket)."""
-    from ...formats.schemes import get_scheme
+    from ....formats.schemes import get_scheme
 
     if subset == "full":
         return variants()

@@ -21,10 +21,10 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Optional
 
-from ... import settings
-from ...loader.spec import KernelSpec, config_codec
-from . import sm90_family
-from .sm90_family import group_param  # the decode kernels read the SM90 layout: same group convention
+from .... import settings
+from ....loader.spec import KernelSpec, config_codec
+from ..sm90 import family as sm90_family
+from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
@@ -48,13 +48,13 @@ KNOBS = {"gate_up": dict(warps=8, unroll=8), "down": dict(warps=8, unroll=4)}
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .decode_gemv import Sm90W4A16DecodeGemv
+    from ..decode_gemv import Sm90W4A16DecodeGemv
 
     return Sm90W4A16DecodeGemv(config_from_spec(spec), arch).compile(arch)
 
 
 def kernel_config(**fields):
-    from .decode_config import DecodeGemvConfig
+    from ..decode_config import DecodeGemvConfig
 
     return DecodeGemvConfig(**fields)
 
@@ -122,7 +122,7 @@ def mode() -> str:
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
     ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never)."""
-    from .provider import batch_invariant
+    from ..provider import batch_invariant
 
     m = mode()
     if m == "0" or batch_invariant() or tokens == 0:
@@ -144,7 +144,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
     plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those)."""
-    from ...formats.schemes import SCHEMES
+    from ....formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
@@ -165,7 +165,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 
 def aot_variants(subset: str) -> list:
     """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU; ``"full"``: every scheme, dtype and activation."""
-    from ...formats.schemes import get_scheme
+    from ....formats.schemes import get_scheme
 
     if subset == "full":
         return variants()

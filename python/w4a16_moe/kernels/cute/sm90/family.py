@@ -38,7 +38,7 @@ import json
 import os
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec, config_codec
+from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "TILES", "spec_for", "config_from_spec", "select_tiles", "variants", "kernel_config"]
 
@@ -234,13 +234,13 @@ CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .sm90_grouped_gemm import Sm90W4A16GroupedGemm
+    from ..sm90_grouped_gemm import Sm90W4A16GroupedGemm
 
     return Sm90W4A16GroupedGemm(config_from_spec(spec)).compile(arch)
 
 
 def kernel_config(**fields):
-    from .sm90_config import Sm90GemmConfig
+    from ..sm90_config import Sm90GemmConfig
 
     return Sm90GemmConfig(**fields)
 
@@ -298,7 +298,7 @@ def forced(bucket: Optional[int], splits: Optional[int] = None):
         yield
     finally:
         FORCE.clear()
-TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned_sm90.json")
+TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned.json")
 
 
 @functools.lru_cache(maxsize=None)
@@ -367,7 +367,7 @@ def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, i
                 best = row
         family = best[3] if len(best) > 3 else "sm90"
         if family == "warp":
-            from . import warp_family
+            from ..warp import family as warp_family
 
             return "warp", dict(warp_family.TILES[best[1]][1]), best[2]
         return "sm90", dict(CANDIDATES[best[1]]), best[2]
@@ -414,7 +414,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              tiles: Optional[Iterable[dict]] = None) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme, each with the tile
     shapes of :func:`selectable_tiles` for it)."""
-    from ...formats.schemes import SCHEMES
+    from ....formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
