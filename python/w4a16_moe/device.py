@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from .archs import DEFAULT_SM_COUNT, arch_of_capability
+
 __all__ = ["DeviceInfo", "probe", "arch_name"]
 
 
@@ -42,9 +44,7 @@ class DeviceInfo:
 
 
 def arch_name(capability: tuple[int, int]) -> str:
-    major, minor = capability
-    suffix = "a" if major >= 9 else ""
-    return f"sm_{major}{minor}{suffix}"
+    return arch_of_capability(*capability)
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,7 @@ When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_
 routes, unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
 decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
 tuned table may bound it per layer shape instead, and names the knob set per token count
-(``tuned_sm90.json``, ``"decode"``: key -> ``{"max_routes": R, "knobs": [[tokens, "w8u8/w8u4"], ...]}``, written
+(``sm90/tuned.json``, ``"decode"``: key -> ``{"max_routes": R, "knobs": [[tokens, "w8u8/w8u4"], ...]}``, written
 by ``python -m w4a16_moe tune --decode-knobs ...`` + ``scripts/merge_tuned.py``).
 ``W4A16_MOE_CUTE_DECODE=1`` forces it for every routed call that fits one launch (tests).
 
@@ -22,6 +22,7 @@ import functools
 from typing import Iterable, Optional
 
 from .... import settings
+from ....archs import SM90_ARCHS
 from ....loader.spec import KernelSpec, config_codec
 from ..sm90 import family as sm90_family
 from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
@@ -30,7 +31,7 @@ __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs
            "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
 
 FAMILY = "w4a16_decode_gemv"
-ARCHS = ("sm_90a",)
+ARCHS = SM90_ARCHS
 #: instructions every kernel of the family must contain (the AOT SASS check)
 SASS_EXPECT = ("HMMA",)
 MAX_GRID_Y = 65535
@@ -74,18 +75,9 @@ def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
     return up, down
 
 
-#: Tuner override of :data:`KNOBS` (``python -m w4a16_moe tune --decode-knobs``): {"gate_up": {...}, "down": {...}}
-FORCE_KNOBS: dict = {}
-
-
 def _as_items(knobs: dict) -> tuple:
     """``{"gate_up": {...}, "down": {...}}`` as the hashable ``knobs`` argument of :func:`configs`."""
     return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(knobs.items()))
-
-
-def forced_knobs() -> tuple:
-    """:data:`FORCE_KNOBS` as the hashable ``knobs`` argument of :func:`configs`."""
-    return _as_items(FORCE_KNOBS)
 
 
 def parse_knobs(text: str) -> dict:
@@ -122,10 +114,9 @@ def mode() -> str:
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
     ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never)."""
-    from ..provider import batch_invariant
-
-    m = mode()
-    if m == "0" or batch_invariant() or tokens == 0:
+    s = settings.get()
+    m = s.cute_decode
+    if m == "0" or s.batch_invariant or tokens == 0:
         return False
     if tokens * top_k > MAX_GRID_Y:
         return False
@@ -173,3 +164,63 @@ def aot_variants(subset: str) -> list:
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
+
+
+class DecodeFamily:
+    """The route-major decode kernels as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`: small
+    routed calls beside the SM90 family, reading its packed layout."""
+
+    name = "decode"
+    spec_family = FAMILY
+    archs = ARCHS
+    role = "decode"
+    beside = "sm90"
+    compile_fn = f"{__name__}:_compile"
+    sources = ("w4a16_moe.kernels.cute.decode_gemv", "w4a16_moe.kernels.cute.decode_config",
+               "w4a16_moe.kernels.cute.sm90_ptx")
+    sass_expect = SASS_EXPECT
+    sass_allow_local = ()
+    max_grid_y = MAX_GRID_Y
+
+    def __repr__(self) -> str:
+        return "KernelFamily(decode)"
+
+    def config_type(self) -> type:
+        from ..decode_config import DecodeGemvConfig
+
+        return DecodeGemvConfig
+
+    def supports(self, capability, arch) -> Optional[str]:
+        return None if arch in self.archs else f"the decode kernels are built for {', '.join(self.archs)} only"
+
+    def can_implement(self, call) -> Optional[str]:
+        from ...cute.registry import shape_reason
+        from ....validate import MaskedCall
+
+        if isinstance(call, MaskedCall):
+            return "the decode kernels take routed calls only"
+        if call.tokens * call.top_k > MAX_GRID_Y:
+            return f"{call.tokens * call.top_k} routes exceed one launch"
+        return shape_reason(call)
+
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+        """``tiles``: ``{"knobs": knob items}`` (:func:`knob_items`; ``()``: the defaults)."""
+        return configs(scheme, dtype, activation, tiles.get("knobs", ()))
+
+    def spec_for(self, cfg):
+        return spec_for(cfg)
+
+    def aot_variants(self, subset):
+        return aot_variants(subset)
+
+    def layout_key(self, which, cfg, dtype) -> str:
+        return sm90_family.layout_key(which, cfg, dtype)
+
+    def pack(self, qm, cfg, dtype, interleave):
+        return sm90_family.pack(qm, cfg, dtype, interleave)
+
+    def rows_per_cta(self, cfg) -> int:
+        return 64 * cfg.m64_per_block
+
+
+DESCRIPTOR = DecodeFamily()

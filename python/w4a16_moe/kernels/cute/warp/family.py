@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Optional
 
+from ....archs import ARCHS as ALL_ARCHS, DEFAULT_SM_COUNT
 from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
@@ -35,11 +36,10 @@ __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from
 FAMILY = "warp_w4a16_gemm"
 
 #: ``--gpu-arch`` values the CuTe DSL 4.8.1 accepts for this kernel (compile + export verified on the CPU box).
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
+ARCHS = ALL_ARCHS
 #: archs tried and refused, with the reason (none with DSL 4.8.1; sm_121a also compiles but is not listed).
 REFUSED_ARCHS: dict = {}
 
-SM_COUNT = 132  # H100 / H200 SXM: split-K targets
 MAX_GRID_Y = 65535
 
 _BASE = dict(warps=4, m16_per_warp=2, stages=4)
@@ -102,7 +102,7 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
     return up, down
 
 
-def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = SM_COUNT) -> int:
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
     """Split-K factor: enough CTAs for about four small CTAs per SM when the (row block x token tile) grid is
     small (decode), each split keeping at least two K tiles; at most 16."""
     tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
@@ -153,3 +153,59 @@ def aot_variants(subset: str) -> list:
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
+
+
+class WarpFamily:
+    """The portable warp-MMA family as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`."""
+
+    name = "warp"
+    spec_family = FAMILY
+    archs = ARCHS
+    role = "grouped"
+    beside = None
+    compile_fn = f"{__name__}:_compile"
+    sources = ("w4a16_moe.kernels.cute.warp_grouped_gemm", "w4a16_moe.kernels.cute.warp_config")
+    sass_expect = ("HMMA",)
+    sass_allow_local = ()
+    max_grid_y = MAX_GRID_Y
+
+    def __repr__(self) -> str:
+        return "KernelFamily(warp)"
+
+    def config_type(self) -> type:
+        from ..warp_config import WarpGemmConfig
+
+        return WarpGemmConfig
+
+    def supports(self, capability, arch) -> Optional[str]:
+        if arch not in self.archs:
+            return f"no CuTe kernel family for {arch} (the warp-MMA family is built for {', '.join(self.archs)})"
+        return None
+
+    def can_implement(self, call) -> Optional[str]:
+        from ..registry import shape_reason
+
+        return shape_reason(call)
+
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
+
+    def spec_for(self, cfg):
+        return spec_for(cfg)
+
+    def aot_variants(self, subset):
+        return aot_variants(subset)
+
+    def layout_key(self, which, cfg, dtype) -> str:
+        return f"cute-warp:{which}:w{cfg.warps}:m{cfg.m16_per_warp}:k{cfg.k_tile}:{dtype}"
+
+    def pack(self, qm, cfg, dtype, interleave):
+        from .pack import layout_for, pack_warp
+
+        return pack_warp(qm, **layout_for(cfg), compute_dtype=dtype, interleave_gate_up=interleave)
+
+    def rows_per_cta(self, cfg) -> int:
+        return cfg.rows_per_cta
+
+
+DESCRIPTOR = WarpFamily()
