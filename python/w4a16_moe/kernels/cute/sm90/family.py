@@ -225,6 +225,10 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
     return up, down
 
 
+#: the tuner's / profiler's / GPU tests' override of the choice (:func:`.overrides.forced`)
+forced = overrides.forced
+
+
 def candidate(name_or_index) -> dict:
     """A candidate's tile dict by :func:`~.tuned.candidate_name` (or, for the tuner's command line, its
     position in :data:`CANDIDATES`)."""
