@@ -5,7 +5,7 @@
         --prebuilt-dir .device/prebuilt -j 2
 
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
-the tuner force beyond it: every ``sm90_family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
+the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
 (``--decode-knobs``, the tuner's). Objects are kept beside the library (``obj-<arch>``), so a rebuild after a
 kernel change recompiles only the kernels whose sources changed.

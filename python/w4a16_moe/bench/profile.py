@@ -66,7 +66,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--providers", default="cute")
     ap.add_argument("--json", default=None)
     ap.add_argument("--buckets", default=None,
-                    help="SM90 tile candidates to force, one profile each (indices into sm90_family.CANDIDATES; "
+                    help="SM90 tile candidates to force, one profile each (indices into sm90.family.CANDIDATES; "
                          "default: the tuned table / rule)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -39,7 +39,7 @@ MAX_GRID_Y = 65535
 DECODE_MAX_ROUTES = 64
 
 #: the packed layouts the decode kernels read (w13, w2): those of the WGMMA family's decode tile
-#: (``sm90_family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
+#: (``sm90.family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
 LAYOUT = {"w13": dict(m64_per_block=2, k_tile=128), "w2": dict(m64_per_block=4, k_tile=64)}
 #: per-mode codegen knobs (warps per CTA, k64 units per load batch)
 #: (the H200 sweep at revision 2cae0a5+: w8u8/w8u4 is within 8% of the best set at 1-16 tokens of W1 and

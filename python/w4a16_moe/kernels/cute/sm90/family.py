@@ -25,7 +25,7 @@ modes: the partials are summed in fixed split order, so deterministic calls stay
 shapes (deeper weight pipelines for decode-sized batches) that only the tuner selects.
 
 A tuner (``python -m w4a16_moe tune``) measures every candidate (``CANDIDATES``) and split choice on a workload and stores the
-best per token count in ``tuned_sm90.json`` keyed by GPU name and layer shape (with the versions it was
+best per token count in ``tuned.json`` (:mod:`.tuned`: rows name their candidate) keyed by GPU name and layer shape (with the versions it was
 measured with); :func:`choose` prefers those entries and falls back to the rule above. This module only
 selects among compiled kernels, so it is not part of the kernels' source hash.
 """
@@ -260,7 +260,7 @@ def _tuned_decode(path: str = TUNED_PATH) -> dict:
 
 def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                  top_k: int) -> Optional[int]:
-    """The tuned table's bound for the route-major decode kernels (:mod:`.decode_family`) on this layer
+    """The tuned table's bound for the route-major decode kernels (:mod:`..decode.family`) on this layer
     shape: calls of at most that many routes (``T * top_k``) use them; None = no measurement (the rule)."""
     ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     return None if ent is None else int(ent["max_routes"])
@@ -268,7 +268,7 @@ def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, sch
 
 def decode_knobs(tokens: int, gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                  top_k: int) -> Optional[str]:
-    """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode_family.parse_knobs``) for a call of
+    """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode.family.parse_knobs``) for a call of
     ``tokens`` on this layer shape: the row with the largest token count <= ``tokens``; None = defaults."""
     ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     best = None
