@@ -67,11 +67,8 @@ def _kernel_lookup(scheme: str, dtype: str, activation: str, experts: int, top_k
         family, why = family_for(DeviceInfo("cuda", arch, (major, minor)))
         if family is None:
             return {"arch": arch, "note": why}
-        import sys
-
-        mod = sys.modules[type(family).__module__]
         gated = get_activation(activation).gated
-        up, down = family.configs(sch, dt, activation, gated, "deterministic", mod.select_tiles(top_k, experts))
+        up, down = family.configs(sch, dt, activation, gated, "deterministic", family.select_tiles(top_k, experts))
         out = {"arch": arch, "family": family.name}
         for which, cfg in (("gate_up", up), ("down", down)):
             spec = family.spec_for(cfg)
@@ -118,7 +115,8 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
     except (ProviderUnavailable, ValueError) as exc:
         decision = {"backend": backend, "provider": None, "reason": str(exc)}
     return {
-        "cute_plan": _cute_plan(call, arch or info.arch or "sm_90a", info.name if info.is_cuda else "NVIDIA H200"),
+        "cute_plan": _cute_plan(call, arch or info.arch or "sm_90a", info.name if info.is_cuda and not arch else
+                                ("NVIDIA H200" if (arch or "sm_90a") == "sm_90a" else f"a {arch} GPU")),
         "w4a16_moe": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -148,15 +148,13 @@ def _plan_cached(call, info: DeviceInfo) -> tuple:
 def _grouped_choice(base: KernelFamily, call, dt: str, gpu: str) -> tuple:
     """``(family, tiles, splits or None)`` of a routed call: the SM90 family may hand a layer shape to
     another family where its tuned table measured that faster (the plan then names that family)."""
-    mod = _module(base)
-    if hasattr(mod, "choose_with_family"):
-        name, tiles, splits = mod.choose_with_family(call.tokens, call.top_k, call.experts, call.hidden,
-                                                     call.intermediate, call.scheme, dt, gpu)
-        return registry.get(name), tiles, splits
-    return base, mod.select_tiles(call.tokens * call.top_k, call.experts), None
+    name, tiles, splits = base.choose(call.tokens, call.top_k, call.experts, call.hidden, call.intermediate,
+                                      call.scheme, dt, gpu)
+    return registry.get(name), tiles, splits
 
 
 def _module(fam: KernelFamily):
+    """The family's module (the decode rule and the tuned table's decode entries live there)."""
     import sys
 
     return sys.modules[type(fam).__module__]
@@ -177,14 +175,13 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     sch = get_scheme(call.scheme)
     dt = _DTYPES[call.dtype]
     act = call.activation
-    mod = _module(base)
     sm = _sm_count(info)
     h, i, e = call.hidden, call.intermediate, call.experts
     n13 = 2 * i if act.gated else i
     inv = batch_invariant()
     if isinstance(call, MaskedCall):
-        tiles = mod.select_tiles(e * call.capacity, e)
-        if e * -(-call.capacity // tiles["tokens_per_tile"]) > mod.MAX_GRID_Y:
+        tiles = base.select_tiles(e * call.capacity, e)
+        if e * -(-call.capacity // tiles["tokens_per_tile"]) > base.max_grid_y:
             return None, f"{e} experts x capacity {call.capacity} exceed one launch's grid (provider cute)"
         why = _kernels_available(_arch(base, info))
         if why:
@@ -192,13 +189,12 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         up, down = base.configs(sch, dt, act.name, act.gated, "deterministic", tiles)
         r = e * call.capacity
         max_tiles = e * -(-call.capacity // up.tokens_per_tile)
-        su = 1 if inv else _num_splits(mod, n13, h, up, r, e, sm)
-        sd = 1 if inv else _num_splits(mod, h, i, down, r, e, sm)
+        su = 1 if inv else base.num_splits(n13, h, up, r, e, sm)
+        sd = 1 if inv else base.num_splits(h, i, down, r, e, sm)
         return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, h, "masked"), None
     fam, tiles, splits = _grouped_choice(base, call, dt, info.name)
-    fmod = _module(fam)
     r = call.tokens * call.top_k
-    if _max_tiles(r, e, tiles["tokens_per_tile"]) > fmod.MAX_GRID_Y:
+    if _max_tiles(r, e, tiles["tokens_per_tile"]) > fam.max_grid_y:
         return None, f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
     why = _kernels_available(_arch(base, info))
     if why:
@@ -214,13 +210,9 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    su = _num_splits(fmod, n13, h, up, r, e, sm) if splits is None else min(splits, h // up.k_tile)
-    sd = _num_splits(fmod, h, i, down, r, e, sm) if splits is None else min(splits, i // down.k_tile)
+    su = fam.num_splits(n13, h, up, r, e, sm) if splits is None else min(splits, h // up.k_tile)
+    sd = fam.num_splits(h, i, down, r, e, sm) if splits is None else min(splits, i // down.k_tile)
     return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info)), None
-
-
-def _num_splits(mod, n, k, cfg, r, e, sm):
-    return mod.num_splits(n, k, cfg, r, e, sm_count=sm)
 
 
 def _arch(base: KernelFamily, info: DeviceInfo) -> str:

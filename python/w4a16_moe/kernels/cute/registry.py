@@ -72,6 +72,13 @@ class KernelFamily(Protocol):
     def spec_for(self, cfg):
         """The :class:`~w4a16_moe.loader.KernelSpec` of a config."""
 
+    # grouped families (role "grouped") also have:
+    #   select_tiles(num_routes, num_experts) -> tiles (the rule; masked calls)
+    #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu) -> (family name, tiles, splits or None): a routed
+    #       call's choice, which may name another registered family (the SM90 tuned table's warp rows)
+    #   num_splits(n, k, cfg, num_routes, num_experts, sm_count) -> split-K parts
+    #   max_grid_y: the launch's grid-y limit
+
     def aot_variants(self, subset: str) -> list:
         """The specs of an AOT subset (``"smoke"`` or ``"full"``)."""
 

@@ -190,6 +190,15 @@ class WarpFamily:
     def configs(self, scheme, dtype, activation, gated, finalize, tiles):
         return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
 
+    def select_tiles(self, num_routes, num_experts) -> dict:
+        return select_tiles(num_routes, num_experts)
+
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu) -> tuple:
+        return self.name, select_tiles(tokens * top_k, num_experts), None
+
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count) -> int:
+        return num_splits(n, k, cfg, num_routes, num_experts, sm_count)
+
     def spec_for(self, cfg):
         return spec_for(cfg)
 
