@@ -38,6 +38,12 @@ class DeviceInfo:
         return self.type == "cuda" and self.capability is not None
 
     @property
+    def sms(self) -> int:
+        """SM count that kernel selection targets (split-K): the device's, else :data:`DEFAULT_SM_COUNT`
+        (an H100 / H200 SXM: a description without a device, e.g. in the tuner's unit tests)."""
+        return self.sm_count or DEFAULT_SM_COUNT
+
+    @property
     def arch(self) -> Optional[str]:
         """The compile target name: ``sm_90a`` / ``sm_100a`` (arch-specific features) or ``sm_80``."""
         return arch_name(self.capability) if self.capability else None

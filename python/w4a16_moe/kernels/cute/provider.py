@@ -41,7 +41,6 @@ from typing import Optional
 import torch
 
 from ... import settings
-from ...archs import DEFAULT_SM_COUNT
 from ...device import DeviceInfo
 from ...plan import Plan
 from . import overrides, registry
@@ -112,10 +111,6 @@ def _counter_tiles(family: KernelFamily, cfg, n: int, max_tiles: int, splits: in
     return (n // family.rows_per_cta(cfg)) * max_tiles if splits > 1 else 0
 
 
-def _sm_count(info: DeviceInfo) -> int:
-    return info.sm_count or DEFAULT_SM_COUNT
-
-
 # ------------------------------------------------------------------------------------------------------
 # planning (host only, cached per call shape)
 # ------------------------------------------------------------------------------------------------------
@@ -175,7 +170,7 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     sch = get_scheme(call.scheme)
     dt = _DTYPES[call.dtype]
     act = call.activation
-    sm = _sm_count(info)
+    sm = info.sms
     h, i, e = call.hidden, call.intermediate, call.experts
     n13 = 2 * i if act.gated else i
     inv = batch_invariant()
