@@ -199,7 +199,7 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         return dec, None
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
-    note = "tuned table" if splits is not None or fam is not base else ""
+    note = "forced" if overrides.current().candidate is not None else ""
     if call.finalize == "deterministic" and inv:
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
