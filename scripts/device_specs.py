@@ -4,7 +4,7 @@
     aot/build.sh .device/prebuilt --archs sm_90a --specs .device/specs.json --keep-objects -j 2
 
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
-the tuner force beyond it: every ``sm90_family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
+the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
 (``--decode-knobs``, the tuner's). With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 from w4a16_moe.aot import subset_specs  # noqa: E402
 from w4a16_moe.formats.schemes import get_scheme  # noqa: E402
-from w4a16_moe.kernels.cute import decode_family as dec  # noqa: E402
-from w4a16_moe.kernels.cute import sm90_family as fam  # noqa: E402
+from w4a16_moe.kernels.cute.decode import family as dec  # noqa: E402
+from w4a16_moe.kernels.cute.sm90 import family as fam  # noqa: E402
 
 
 def device_specs(decode_knobs=()) -> list:

@@ -15,8 +15,8 @@ import pytest
 from w4a16_moe import aot
 
 ROOT = Path(__file__).resolve().parents[1]
-SM90 = "w4a16_moe.kernels.cute.sm90_family"
-WARP = "w4a16_moe.kernels.cute.warp_family"
+SM90 = "w4a16_moe.kernels.cute.sm90.family"
+WARP = "w4a16_moe.kernels.cute.warp.family"
 
 
 def _env(**extra):

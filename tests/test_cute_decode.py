@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import w4a16_moe as wm
-from w4a16_moe.kernels.cute import decode_family as dec
+from w4a16_moe.kernels.cute.decode import family as dec
+from w4a16_moe.kernels.cute import overrides
 from w4a16_moe.kernels.cute import provider as prov
 
 from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe
@@ -45,11 +46,19 @@ def grid(request):
     if request.param is None:
         yield None
         return
-    dec.FORCE_KNOBS.update(dec.parse_knobs(request.param))
-    try:
+    with overrides.forced_decode(dec.parse_knobs(request.param)):
         yield request.param
-    finally:
-        dec.FORCE_KNOBS.clear()
+
+
+def _decodes(x, w, tokens, top_k) -> bool:
+    """Whether the plan of a routed ``tokens`` x ``top_k`` call on these weights runs the decode kernels."""
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import probe
+    from w4a16_moe.validate import MoECall
+
+    call = MoECall(tokens, top_k, w.hidden_size, w.intermediate_size, w.num_experts, x.dtype, x.device,
+                   get_activation("swiglu"), "deterministic", 0, w.scheme.name)
+    return prov.plan(call, probe(x.device)).decode
 
 
 def _weights(scheme, e=8, h=512, i=256, activation="swiglu", dtype=torch.bfloat16, seed=0):
@@ -58,7 +67,7 @@ def _weights(scheme, e=8, h=512, i=256, activation="swiglu", dtype=torch.bfloat1
 
 def _run(w, t, k, **kw):
     def decode_path(x, tw, ids):  # the call really takes the decode path
-        assert prov._decode_family(x, w, x.shape[0], tw.shape[1]) is not None
+        assert _decodes(x, w, x.shape[0], tw.shape[1])
 
     return run_cute_moe(w, t, k, tol=TOL, check_path=decode_path, **kw)
 
@@ -137,13 +146,10 @@ def test_persistent_grid_is_bit_identical():
     ids[3] = 2  # token 3: no local route
     outs = []
     for knobs in ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528"):
-        dec.FORCE_KNOBS.update(dec.parse_knobs(knobs))
-        try:
+        with overrides.forced_decode(dec.parse_knobs(knobs)):
             out = torch.full_like(x, float("nan"))
             wm.fused_moe(x, w, tw, ids, backend="cute", expert_offset=8, out=out)
             outs.append(out)
-        finally:
-            dec.FORCE_KNOBS.clear()
     assert torch.equal(outs[0][3], torch.zeros_like(outs[0][3]))
     assert nrmse(outs[0], wm.reference_moe(x, w, tw, ids, expert_offset=8)) < TOL
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
@@ -175,12 +181,12 @@ def test_auto_rule(monkeypatch):
     w = _weights("int4_g32", seed=10)
     x = torch.zeros(1, w.hidden_size, device="cuda", dtype=torch.bfloat16)
     small = dec.DECODE_MAX_ROUTES // 8
-    assert prov._decode_family(x, w, small, 8) is not None
-    assert prov._decode_family(x, w, small + 1, 8) is None
+    assert _decodes(x, w, small, 8)
+    assert not _decodes(x, w, small + 1, 8)
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
-    assert prov._decode_family(x, w, 1, 8) is None
+    assert not _decodes(x, w, 1, 8)
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "0")
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
-    assert prov._decode_family(x, w, 1, 8) is None
+    assert not _decodes(x, w, 1, 8)
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
     _run(w, small, 8, seed=11)

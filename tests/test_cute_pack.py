@@ -7,7 +7,7 @@ import torch
 
 from w4a16_moe.formats.quantize import dequantize_matrix, quantize_matrix
 from w4a16_moe.formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
-from w4a16_moe.kernels.cute.sm90_pack import (
+from w4a16_moe.kernels.cute.sm90.pack import (
     FP4_SCALE_EXP, effective_scales, fragment_row_col, pack_sm90, unpack_sm90,
 )
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import w4a16_moe as wm
-from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.providers import select_provider
 from w4a16_moe.validate import check_masked_call, check_moe_call
 

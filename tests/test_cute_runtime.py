@@ -13,7 +13,8 @@ SCRIPT = textwrap.dedent("""
     sys.modules["cuda.bindings"] = None
     import torch, w4a16_moe as wm
     from w4a16_moe.device import DeviceInfo
-    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.kernels.cute.sm90 import family as fam
     from w4a16_moe.validate import check_moe_call
     g = torch.Generator().manual_seed(0)
     w = wm.quantize_experts(torch.randn(4, 512, 256, generator=g).bfloat16(),
@@ -27,9 +28,9 @@ SCRIPT = textwrap.dedent("""
         assert family is not None and family.name == name, (cap, family, why)
         reason = provider.unavailable_reason(call, info)
         assert reason is not None and "not installed" in reason, reason
-        fm = family.module
-        up, down = fm.gemm_configs(w.scheme, "bf16", "swiglu", True, "deterministic", fm.select_tiles(6, 4))
-        assert fm.config_from_spec(fm.spec_for(up)) == up
+        fm = sys.modules[type(family).__module__]
+        up, down = family.configs(w.scheme, "bf16", "swiglu", True, "deterministic", fm.select_tiles(6, 4))
+        assert fm.config_from_spec(family.spec_for(up)) == up
         p = provider._packed(family, w, "w13", up, torch.bfloat16)  # weight packing is torch only
         assert p.data.dtype == torch.uint8
     family, why = provider.family_for(DeviceInfo("cuda", "old", (7, 5), 40))
@@ -47,22 +48,34 @@ def test_runtime_path_imports_no_cutlass(tmp_path):
     assert r.stdout.startswith("ok sm90_w4a16_gemm")
 
 
-def test_tuned_rows_can_name_the_warp_family():
-    """On SM90 a tuned-table row may hand a layer shape to the warp-MMA family (same arch, same ABI)."""
-    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+def test_tuned_rows_can_name_the_warp_family(monkeypatch):
+    """On SM90 a tuned-table row may hand a layer shape to the warp-MMA family (same arch, same ABI): the
+    plan names that family."""
+    import torch
 
-    base = provider.Family("sm90", fam, "sm_90a")
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.kernels.cute.sm90 import family as fam
+    from w4a16_moe.validate import MoECall
+
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    provider.clear_plans()
     shape = (8, 384, 7168, 256, "int4_g32", "bf16", "NVIDIA H200")  # top_k, E, H, I, scheme, dtype, GPU
-    family, tiles, _ = base.select(32, *shape)
-    assert (family.name, family.arch, tiles["tokens_per_tile"]) == ("warp", "sm_90a", 8)
+
+    def plan(tokens, gpu="NVIDIA H200"):
+        call = MoECall(tokens, 8, 7168, 256, 384, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                       "deterministic", 0, "int4_g32", routes_only=True)
+        return provider.plan(call, DeviceInfo("cuda", gpu, (9, 0), 132))
+
+    p = plan(32)
+    assert (p.family, p.arch, dict(p.tiles)["tokens_per_tile"]) == ("warp", "sm_90a", 8)
     assert fam.choose(32, *shape)[0] == fam.select_tiles(32 * 8, 384)  # the SM90-only view falls back to the rule
     # every row of the packaged table: the family it names serves the token counts it covers
     for row in fam._tuned_table()[fam.tuned_key(shape[-1], *shape[1:-1], shape[0])]:
-        want = row[3] if len(row) > 3 else "sm90"
-        assert base.select(row[0], *shape)[0].name == want, row
-    assert base.select(2048, *shape)[0].name == "sm90"
-    other_gpu = shape[:-1] + ("NVIDIA H100",)
-    assert base.select(32, *other_gpu)[0].name == "sm90"  # rows are keyed by GPU name
+        assert plan(row.tokens).family == row.family, row
+    assert plan(2048).family == "sm90"
+    assert plan(32, "NVIDIA H100").family == "sm90"  # rows are keyed by GPU name
 
 
 def test_run_kernel_forwards_the_launch_abi(monkeypatch):
@@ -70,17 +83,17 @@ def test_run_kernel_forwards_the_launch_abi(monkeypatch):
     ctypes their data pointers followed by the current stream."""
     import torch
 
-    from w4a16_moe.kernels.cute import provider, sm90_family as fam
+    from w4a16_moe.kernels.cute import provider, registry
 
-    family = provider.Family("sm90", fam, "sm_90a")
+    family = registry.get("sm90")
     tensors = tuple(torch.zeros(1) for _ in range(9))
     scalars = (1, 2, 3, 4, 5, 6, 7)
     calls = []
     monkeypatch.setattr(provider, "_launcher_cached", lambda *a: lambda *args: calls.append(("op", args)))
-    provider._run_kernel(family, None, tensors, scalars)
+    provider._run_kernel(family, "sm_90a", None, tensors, scalars)
     assert calls == [("op", tensors + scalars)]
     monkeypatch.setattr(provider, "_launcher_cached", lambda *a: None)
-    monkeypatch.setattr(provider, "_kernel", lambda f, c: lambda *args: calls.append(("ctypes", args)))
+    monkeypatch.setattr(provider, "_kernel", lambda f, a, c: lambda *args: calls.append(("ctypes", args)))
     monkeypatch.setattr(provider, "_stream", lambda: 99)
-    provider._run_kernel(family, None, tensors, scalars)
+    provider._run_kernel(family, "sm_90a", None, tensors, scalars)
     assert calls[1] == ("ctypes", tuple(t.data_ptr() for t in tensors) + scalars + (99,))

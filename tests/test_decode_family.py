@@ -8,8 +8,8 @@ import importlib.util
 import pytest
 
 from w4a16_moe.formats.schemes import SCHEMES, get_scheme
-from w4a16_moe.kernels.cute import decode_family as dec
-from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute.decode import family as dec
+from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.loader.spec import family_source_hash
 
 HAS_DSL = importlib.util.find_spec("cutlass") is not None

@@ -64,3 +64,36 @@ def test_torch_compile_fullgraph_cpu_reference():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_torch_compile_fullgraph_gpu(dtype):
     _compiled_matches("cuda", "auto", dtype)
+
+
+def test_op_validates_weights_once_per_tensor_metadata(monkeypatch):
+    """The op rebuilds MoEWeights from its tensors per call, re-running validate() only for tensor
+    metadata it has not seen (validation reads only metadata); a malformed layout still raises."""
+    from w4a16_moe.formats.weights import MoEWeights
+
+    w = random_weights("int4_g32", 4, 64, 64)
+    tw, ids = random_routing(3, 2, 4)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    ref = wm.fused_moe(x, w, tw, ids, backend="reference")
+    calls = []
+    orig = MoEWeights.validate
+    monkeypatch.setattr(MoEWeights, "validate", lambda self: (calls.append(1), orig(self))[1])
+    ops._VALIDATED.clear()
+    for _ in range(3):
+        assert torch.equal(wm.fused_moe(x, w, tw, ids, backend="reference"), ref)
+    assert len(calls) == 1
+    bad = list(ops.weight_args(w))
+    bad[5] = bad[5][:, :, :1].contiguous()  # w2.scales of the wrong shape
+    with pytest.raises(ValueError, match="w2.scales: expected shape"):
+        torch.ops.w4a16_moe.fused_moe(x, *bad, tw, ids, "int4_g32", "swiglu", "deterministic", 0, "reference")
+
+
+def test_decision_logs_its_plan(caplog, monkeypatch):
+    import logging
+
+    w = random_weights("int4_g32", 4, 64, 64)
+    tw, ids = random_routing(3, 2, 4)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="w4a16_moe"):
+        wm.fused_moe(x, w, tw, ids, backend="reference")
+    assert any("provider reference" in m and "plan: provider reference" in m for m in caplog.messages)

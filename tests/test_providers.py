@@ -40,8 +40,27 @@ def test_auto_picks_triton_when_cute_unavailable(call, info):
 
 
 def test_auto_picks_cute_when_it_covers_the_case(call, monkeypatch):
-    monkeypatch.setattr(providers, "cute_unavailable_reason", lambda c, i: None)
-    assert providers.select_provider(call, "auto", SM90).provider == "cute"
+    class Stub:
+        name = "cute"
+
+        def unavailable_reason(self, c, i):
+            return None
+
+        def plan(self, c, i):
+            return providers.Plan("cute", "sm90", "sm_90a")
+
+    monkeypatch.setitem(providers._PROVIDERS, "cute", Stub())
+    d = providers.select_provider(call, "auto", SM90)
+    assert d.provider == "cute" and d.plan.family == "sm90"
+
+
+def test_providers_are_objects_with_one_interface(call):
+    for name in ("cute", "triton", "reference"):
+        p = providers.get_provider(name)
+        assert p.name == name and providers.PROVIDERS[name] is p
+        for m in ("unavailable_reason", "plan", "run", "run_masked", "expert_routes"):
+            assert callable(getattr(p, m)), (name, m)
+    assert providers.select_provider(call, "reference", CPU).plan.provider == "reference"
 
 
 def test_no_gpu_raises_clear_error(call):

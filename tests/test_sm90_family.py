@@ -9,7 +9,8 @@ import importlib.util
 import pytest
 
 from w4a16_moe.formats.schemes import get_scheme
-from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute import overrides
+from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90.config import Sm90GemmConfig
 
 RB_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("down_row_blocks_per_cta", 1) > 1]
@@ -166,11 +167,11 @@ def test_forced_overrides_the_choice_and_always_clears():
     unforced = fam.choose_with_family(*args)
     with fam.forced(5, 3):
         assert fam.choose_with_family(*args) == ("sm90", dict(fam.CANDIDATES[5]), 3)
-    assert not fam.FORCE
+    assert overrides.current().candidate is None
     with pytest.raises(RuntimeError):
         with fam.forced(7):
             assert fam.choose_with_family(*args)[1:] == (dict(fam.CANDIDATES[7]), None)
             raise RuntimeError
-    assert not fam.FORCE
+    assert overrides.current().candidate is None
     with fam.forced(None):  # forces nothing
         assert fam.choose_with_family(*args) == unforced

@@ -25,7 +25,7 @@ from w4a16_moe.formats.quantize import quantize_matrix  # noqa: E402
 from w4a16_moe.formats.schemes import scheme_names  # noqa: E402
 from w4a16_moe.formats.weights import MoEWeights  # noqa: E402
 from w4a16_moe.kernels.triton import moe as triton_moe  # noqa: E402
-from w4a16_moe.kernels.triton import routing  # noqa: E402
+from w4a16_moe.kernels.routing import prepare as routing  # noqa: E402
 from w4a16_moe.kernels.triton.grouped_gemm import _down_kernel, _gate_up_kernel  # noqa: E402
 from w4a16_moe.kernels.triton.moe import (triton_combine_routes, triton_expert_routes,  # noqa: E402
                                           triton_fused_moe, triton_fused_moe_masked)
@@ -409,7 +409,8 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from w4a16_moe.kernels.triton import finalize as fz, grouped_gemm as gg, routing as rt
+from w4a16_moe.kernels.routing import finalize as fz, prepare as rt
+from w4a16_moe.kernels.triton import grouped_gemm as gg
 from w4a16_moe.kernels.triton.moe import CONFIG_TABLE
 
 def build(jf, sig, consts, arch, warps=4, stages=3):

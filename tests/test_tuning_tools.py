@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 from w4a16_moe.bench.tune import decode_summary
-from w4a16_moe.kernels.cute import sm90_family as fam
+from w4a16_moe.kernels.cute.sm90 import family as fam
+from w4a16_moe.kernels.cute.sm90 import tuned
+from w4a16_moe.kernels.cute.warp import family as warp_family
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 KEY = "GPU|e8_h512_i256|int4_g32|bf16|k8"
@@ -37,27 +39,47 @@ def test_decode_summary_bound_stops_at_the_first_gemm_win():
                                                                                             "knobs": []}
 
 
+PROV = {"device": "GPU", "versions": {"torch": "2.11"}, "revision": "abc1234", "date": "2026-12-01"}
+
+
+def _row(t, cand, splits=None, family="sm90", **extra):
+    return {"tokens": t, "family": family, "candidate": cand, "splits": splits, **PROV, **extra}
+
+
 def test_merge_keeps_other_families_and_replaces_decode():
     m = _merge_module()
-    table = {"entries": {KEY: [[1, 9, None], [32, 0, None, "warp"], [256, 1, None]]},
-             "decode": {KEY: {"max_routes": 64, "knobs": [[1, "w8u8/w8u4"]]}}}
-    result = {"key": KEY, "rows": [[1, 5, 2], [32, 2, None], [2048, 4, None]],
-              "decode": {"max_routes": 128, "knobs": [[1, "w16u4/w16u2"]]}}
+    c = [tuned.candidate_name(t) for t in fam.CANDIDATES]
+    warp0 = tuned.candidate_name(warp_family.TILES[0][1])
+    table = {"entries": {KEY: [_row(1, c[9]), _row(32, warp0, family="warp"), _row(256, c[1])]},
+             "decode": {KEY: {"max_routes": 64, "knobs": [[1, "w8u8/w8u4"]], **PROV}}}
+    new_prov = dict(PROV, revision="def5678")
+    result = {"key": KEY, "rows": [{**_row(1, c[5], 2), "revision": "def5678"}, _row(32, c[2]), _row(2048, c[4])],
+              "decode": {"max_routes": 128, "knobs": [[1, "w16u4/w16u2"]]}, "meta": {**new_prov, "command": "tune"}}
     logs = []
     out = m.merge(table, result, log=logs.append)
-    assert out["entries"][KEY] == [[1, 5, 2], [32, 0, None, "warp"], [256, 1, None], [2048, 4, None]]
-    assert out["decode"][KEY] == {"max_routes": 128, "knobs": [[1, "w16u4/w16u2"]]}
+    got = out["entries"][KEY]
+    assert [(r["tokens"], r["family"], r["candidate"], r["splits"]) for r in got] == [
+        (1, "sm90", c[5], 2), (32, "warp", warp0, None), (256, "sm90", c[1], None), (2048, "sm90", c[4], None)]
+    assert got[0]["revision"] == "def5678" and got[2]["revision"] == "abc1234"  # provenance kept per row
+    assert out["decode"][KEY]["max_routes"] == 128 and out["decode"][KEY]["revision"] == "def5678"
+    assert out["commands"][KEY] == "tune"
     assert any("kept" in ln for ln in logs)
 
 
 def test_merge_script_round_trip(tmp_path):
     table = tmp_path / "tuned.json"
-    table.write_text(json.dumps({"format": 1, "entries": {}}))
+    table.write_text(json.dumps({"format": 2, "entries": {}}))
     res = tmp_path / "res.json"
-    res.write_text(json.dumps({"key": KEY, "rows": [[8, 9, 1]], "decode": None}))
+    c9 = tuned.candidate_name(fam.CANDIDATES[9])
+    res.write_text(json.dumps({"key": KEY, "rows": [_row(8, c9, 1)], "decode": None}))
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "merge_tuned.py"), str(res), "--table", str(table)],
                    check=True, capture_output=True)
-    assert json.loads(table.read_text())["entries"][KEY] == [[8, 9, 1]]
+    assert json.loads(table.read_text())["entries"][KEY] == [_row(8, c9, 1)]
+    res.write_text(json.dumps({"key": KEY, "rows": [_row(8, "t9_nonsense", 1)], "decode": None}))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "merge_tuned.py"), str(res), "--table",
+                        str(table)], capture_output=True, text=True)
+    assert r.returncode == 1 and "unknown candidate 't9_nonsense'" in r.stderr
+    assert json.loads(table.read_text())["entries"][KEY] == [_row(8, c9, 1)]  # the table is left as it was
 
 
 def test_tuned_decode_lookups(monkeypatch):
@@ -74,15 +96,15 @@ def test_tuned_decode_lookups(monkeypatch):
 
 
 def test_packaged_table_is_consistent():
-    """Every row of the packaged table names an existing candidate / warp tile and a parseable knob set."""
-    from w4a16_moe.kernels.cute import decode_family as dec
-    from w4a16_moe.kernels.cute import warp_family
+    """Every row of the packaged table names an existing candidate / warp tile (checked when the table is
+    read) and a parseable knob set."""
+    from w4a16_moe.kernels.cute.decode import family as dec
 
     for key, rows in fam._tuned_table().items():
-        assert [r[0] for r in rows] == sorted(r[0] for r in rows), key
+        assert rows and [r.tokens for r in rows] == sorted(r.tokens for r in rows), key
         for r in rows:
-            family = r[3] if len(r) > 3 else "sm90"
-            assert 0 <= r[1] < (len(warp_family.TILES) if family == "warp" else len(fam.CANDIDATES)), (key, r)
+            tiles = fam.CANDIDATES if r.family == "sm90" else [t for _, t in warp_family.TILES]
+            assert dict(r.tiles) in [dict(t) for t in tiles], (key, r)
     for key, ent in fam._tuned_decode().items():
         assert ent["max_routes"] >= 0
         for _, kn in ent["knobs"]:

@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("cutlass", reason="the CuTe DSL (nvidia-cutlass-dsl) is needed to cross-compile")
 
 from w4a16_moe.formats.schemes import get_scheme  # noqa: E402
-from w4a16_moe.kernels.cute import warp_family as fam  # noqa: E402
+from w4a16_moe.kernels.cute.warp import family as fam  # noqa: E402
 from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig  # noqa: E402
 from w4a16_moe.loader import build, toolchain  # noqa: E402
 from w4a16_moe.loader.spec import SUPPORTED_ARCHS  # noqa: E402

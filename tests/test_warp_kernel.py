@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 import w4a16_moe as wm  # noqa: E402
 from w4a16_moe.activations import apply_activation, get_activation  # noqa: E402
 from w4a16_moe.formats.schemes import SCHEMES, get_scheme  # noqa: E402
-from w4a16_moe.kernels.cute import warp_family as fam  # noqa: E402
+from w4a16_moe.kernels.cute.warp import family as fam  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
 #: W4A16_WARP_FAKE=1: run the harness on the CPU with a torch stand-in for the kernel (checks the test itself;
@@ -134,7 +134,7 @@ def _weights(scheme: str, dtype: str, activation: str = "swiglu", seed: int = 0)
 
 @functools.lru_cache(maxsize=64)
 def _packed(scheme: str, dtype: str, activation: str, which: str, layout: tuple):
-    from w4a16_moe.kernels.cute.warp_pack import pack_warp
+    from w4a16_moe.kernels.cute.warp.pack import pack_warp
 
     w, _, _ = _weights(scheme, dtype, activation)
     qm = w.w13 if which == "w13" else w.w2
@@ -171,7 +171,7 @@ def _routing(t: int, case: str, seed: int):
 
 
 def _plan(ids, offset, tn):
-    from w4a16_moe.kernels.triton.routing import prepare_routes
+    from w4a16_moe.kernels.routing.prepare import prepare_routes
 
     return prepare_routes(ids, E, offset, tn)
 
@@ -206,7 +206,7 @@ def _fake_kernel(cfg, packed, act, out, plan, tw_flat, n, k):
     """Torch stand-in with the kernel's contract (W4A16_WARP_FAKE=1 only): weights from unpack_warp, rounded to
     the compute dtype; slots of expert e are route_start[e] .. route_start[e+1]-1."""
     from w4a16_moe.formats.quantize import dequantize_matrix
-    from w4a16_moe.kernels.cute.warp_pack import unpack_warp
+    from w4a16_moe.kernels.cute.warp.pack import unpack_warp
 
     qm = unpack_warp(packed)
     wd = dequantize_matrix(qm)
@@ -455,7 +455,7 @@ def test_bench_w1():
     tokens (CUDA events, rotating 8 routings so that the touched weights do not stay in L2), against the
     weight-bandwidth floor (bytes of the experts touched / 4.0 TB/s)."""
     from w4a16_moe.formats.weights import QuantizedMatrix
-    from w4a16_moe.kernels.cute.warp_pack import pack_warp
+    from w4a16_moe.kernels.cute.warp.pack import pack_warp
 
     e_n, h, i, k = 384, 7168, 256, 8
     sch = get_scheme("int4_g32")
@@ -525,7 +525,7 @@ def test_bench_w1():
 
 
 def _plan_n(ids, num_experts, tn):
-    from w4a16_moe.kernels.triton.routing import prepare_routes
+    from w4a16_moe.kernels.routing.prepare import prepare_routes
 
     return prepare_routes(ids, num_experts, 0, tn)
 

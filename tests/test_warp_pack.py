@@ -22,9 +22,9 @@ import w4a16_moe as wm
 from w4a16_moe.formats.quantize import dequantize_matrix
 from w4a16_moe.formats.schemes import SCHEMES, get_scheme
 from w4a16_moe.formats.weights import QuantizedMatrix
-from w4a16_moe.kernels.cute import warp_family as fam
+from w4a16_moe.kernels.cute.warp import family as fam
 from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig, e2m1_prmt_tables
-from w4a16_moe.kernels.cute.warp_pack import (
+from w4a16_moe.kernels.cute.warp.pack import (
     _row_order,
     emulate_fragments,
     fragment_row_col,
@@ -377,8 +377,8 @@ SCRIPT = textwrap.dedent("""
     sys.modules["cutlass"] = None          # any `import cutlass` now raises ImportError
     sys.modules["cuda.bindings"] = None
     import torch, w4a16_moe as wm
-    from w4a16_moe.kernels.cute import warp_family as fam
-    from w4a16_moe.kernels.cute.warp_pack import pack_warp, layout_for
+    from w4a16_moe.kernels.cute.warp import family as fam
+    from w4a16_moe.kernels.cute.warp.pack import pack_warp, layout_for
     from w4a16_moe.loader.spec import get_family
     g = torch.Generator().manual_seed(0)
     w = wm.quantize_experts(torch.randn(4, 512, 256, generator=g).bfloat16(),

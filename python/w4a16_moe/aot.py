@@ -7,13 +7,12 @@ processes with a progress display, links one self-contained shared library per a
 version, DSL version, source hashes, the families and the SASS each must show). Point
 ``W4A16_MOE_PREBUILT_DIR`` at DIR, or build the wheel (``W4A16_MOE_AOT_ARCHS``, see ``CMakeLists.txt``).
 
-Families (:data:`FAMILY_MODULES`): each module names its ``FAMILY``, the ``ARCHS`` it compiles for and
-``aot_variants(subset) -> [KernelSpec]``, optionally ``SASS_EXPECT`` (instructions each kernel must show,
-default HGMMA for the SM90 family, HMMA for the warp-MMA family) and ``SASS_ALLOW_LOCAL`` (archs, or True,
-on which local-memory instructions are accepted: reported as warnings by the SASS check instead of
-failing it); the SM90 WGMMA family (``sm90_family``, sm_90a only) gets what it does not declare from here. A family module that is not in this version (e.g. the
-portable warp-MMA family before it lands) is reported and skipped; an arch no family supports gets no
-library, and the build says so (``--archs`` with no kernels at all is an error).
+Families: the family registry (:mod:`w4a16_moe.kernels.cute.registry`, :data:`FAMILY_MODULES`); each
+family's ``DESCRIPTOR`` gives its spec family, archs, ``aot_variants(subset)``, the SASS its kernels must show
+and the archs on which local memory is only a warning. ``--families`` may name other modules, which declare
+``FAMILY``, ``ARCHS``, ``aot_variants`` and optionally ``SASS_EXPECT`` / ``SASS_ALLOW_LOCAL`` (archs, or True)
+as module attributes. A family module that is not in this version is reported and skipped; an arch no
+family supports gets no library, and the build says so (``--archs`` with no kernels at all is an error).
 
 Subsets: ``full`` = every variant the providers can select; ``smoke`` = a small subset per family
 (SM90: int4_g32 / int4_g128, BF16, SwiGLU, both finalize modes, all tile buckets).
@@ -38,14 +37,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from .archs import ARCHS
+from .kernels.cute.registry import FAMILY_MODULES as REGISTERED_FAMILY_MODULES
+
 __all__ = ["AOT_ARCHS", "FAMILY_MODULES", "SUBSETS", "AotError", "AotFamily", "ArchPlan", "load_families",
            "plan_archs", "plan_specs", "parse_archs", "read_specs", "subset_specs", "main"]
 
 #: archs the AOT build accepts (``--archs``, ``W4A16_MOE_AOT_ARCHS``)
-AOT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
-#: kernel family modules enumerated by default
-FAMILY_MODULES = ("w4a16_moe.kernels.cute.sm90_family", "w4a16_moe.kernels.cute.warp_family",
-                  "w4a16_moe.kernels.cute.decode_family")
+AOT_ARCHS = ARCHS
+#: kernel family modules enumerated by default (the family registry)
+FAMILY_MODULES = REGISTERED_FAMILY_MODULES
 SUBSETS = ("smoke", "full")
 
 
@@ -79,24 +80,6 @@ class ArchPlan:
         return "; ".join(self.notes)
 
 
-def _sm90_variants(subset: str) -> list:
-    from .formats.schemes import get_scheme
-    from .kernels.cute import sm90_family as fam
-
-    if subset == "full":
-        return fam.variants()
-    return fam.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
-                        activations=("swiglu",))
-
-
-#: what this module supplies for family modules that do not declare it themselves
-_FALLBACKS = {
-    "w4a16_moe.kernels.cute.sm90_family": {"ARCHS": ("sm_90a",), "aot_variants": _sm90_variants,
-                                           "SASS_EXPECT": ("HGMMA",)},
-    "w4a16_moe.kernels.cute.warp_family": {"SASS_EXPECT": ("HMMA",)},
-}
-
-
 def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
     """``([AotFamily], {module: why absent})``. A module that does not exist is absent; one that exists but
     fails to import or lacks ``FAMILY`` / ``ARCHS`` / ``aot_variants`` raises :class:`AotError`."""
@@ -111,9 +94,13 @@ def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
             raise AotError(f"kernel family module {mod_name} failed to import: {type(e).__name__}: {e}") from e
         except Exception as e:
             raise AotError(f"kernel family module {mod_name} failed to import: {type(e).__name__}: {e}") from e
-        fb = _FALLBACKS.get(mod_name, {})
-        attrs = {a: getattr(mod, a, fb.get(a)) for a in ("FAMILY", "ARCHS", "aot_variants", "SASS_EXPECT",
-                                                         "SASS_ALLOW_LOCAL")}
+        d = getattr(mod, "DESCRIPTOR", None)
+        if d is not None:  # a registered family
+            attrs = {"FAMILY": d.spec_family, "ARCHS": d.archs, "aot_variants": d.aot_variants,
+                     "SASS_EXPECT": d.sass_expect, "SASS_ALLOW_LOCAL": d.sass_allow_local}
+        else:
+            attrs = {a: getattr(mod, a, None) for a in ("FAMILY", "ARCHS", "aot_variants", "SASS_EXPECT",
+                                                        "SASS_ALLOW_LOCAL")}
         lacking = [a for a in ("FAMILY", "ARCHS", "aot_variants") if attrs[a] is None]
         if lacking:
             raise AotError(f"kernel family module {mod_name} must define {', '.join(lacking)} for the AOT build")

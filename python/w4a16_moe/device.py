@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from .archs import DEFAULT_SM_COUNT, arch_of_capability
+
 __all__ = ["DeviceInfo", "probe", "arch_name"]
 
 
@@ -36,15 +38,19 @@ class DeviceInfo:
         return self.type == "cuda" and self.capability is not None
 
     @property
+    def sms(self) -> int:
+        """SM count that kernel selection targets (split-K): the device's, else :data:`DEFAULT_SM_COUNT`
+        (an H100 / H200 SXM: a description without a device, e.g. in the tuner's unit tests)."""
+        return self.sm_count or DEFAULT_SM_COUNT
+
+    @property
     def arch(self) -> Optional[str]:
         """The compile target name: ``sm_90a`` / ``sm_100a`` (arch-specific features) or ``sm_80``."""
         return arch_name(self.capability) if self.capability else None
 
 
 def arch_name(capability: tuple[int, int]) -> str:
-    major, minor = capability
-    suffix = "a" if major >= 9 else ""
-    return f"sm_{major}{minor}{suffix}"
+    return arch_of_capability(*capability)
 
 
 @functools.lru_cache(maxsize=None)

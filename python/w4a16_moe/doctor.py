@@ -4,7 +4,8 @@ Prints the device and its arch, the providers and why each is or is not availabl
 cache location, prebuilt kernels and the torch op library, the provider decision for a case
 (``--scheme``, ``--dtype``, ``--hidden``, ``--intermediate``, ``--experts``, ``--activation``,
 ``--backend``) and where the CuTe kernels of that case would come from on ``--arch`` (default: this
-GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and why.
+GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and why; and the plan of a one-token call of the case
+(provider, kernel family, tiles, split-K, decode or not, kernels).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from . import __version__, cli
 from .activations import get_activation
-from .device import probe
+from .device import DeviceInfo, probe
 from .formats.schemes import SCHEMES, get_scheme
 from .providers import (
     BACKENDS,
@@ -52,26 +53,43 @@ def _loader_info() -> dict:
 
 
 def _kernel_lookup(scheme: str, dtype: str, activation: str, experts: int, top_k: int, arch: str) -> dict:
-    """Where the SM90 CuTe kernels of a one-token call of the case come from on ``arch`` (no build, no load)."""
+    """Where the CuTe kernels of a one-token call of the case (the rule's tiles of the family serving
+    ``arch``) come from on ``arch`` (no build, no load)."""
     try:
         from .formats.schemes import get_scheme
-        from .kernels.cute import sm90_family as fam
+        from .kernels.cute.provider import family_for
         from .loader import kernel_status
 
         sch = get_scheme(scheme)
         dt = {"bfloat16": "bf16", "float16": "fp16"}[dtype]
-        if sch.kind != "int4":
-            return {"arch": arch, "note": f"scheme {scheme}: no SM90 CuTe kernels (FP4 goes to Triton)"}
+        major, minor = divmod(int(arch[3:].rstrip("a")), 10)
+        family, why = family_for(DeviceInfo("cuda", arch, (major, minor)))
+        if family is None:
+            return {"arch": arch, "note": why}
         gated = get_activation(activation).gated
-        up, down = fam.gemm_configs(sch, dt, activation, gated, "deterministic", fam.select_tiles(top_k, experts))
-        out = {"arch": arch}
+        up, down = family.configs(sch, dt, activation, gated, "deterministic", family.select_tiles(top_k, experts))
+        out = {"arch": arch, "family": family.name}
         for which, cfg in (("gate_up", up), ("down", down)):
-            spec = fam.spec_for(cfg)
+            spec = family.spec_for(cfg)
             src, why = kernel_status(spec, arch)
             out[which] = {"spec": spec.name, "source": src, "reason": why}
         return out
     except Exception as exc:  # the doctor must always print something useful
         return {"arch": arch, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _cute_plan(call, arch: str, gpu: str) -> str:
+    """The CuTe provider's plan of ``call`` on a GPU named ``gpu`` of ``arch`` (this machine's, or assumed)."""
+    try:
+        from .kernels.cute import provider
+
+        major = int(arch[3:].rstrip("a")) // 10
+        minor = int(arch[3:].rstrip("a")) % 10
+        info = DeviceInfo("cuda", gpu, (major, minor))
+        why = provider.unavailable_reason(call, info)
+        return f"{gpu} ({arch}): " + (f"unavailable: {why}" if why else provider.plan(call, info).describe())
+    except Exception as exc:  # the doctor must always print something useful
+        return f"{type(exc).__name__}: {exc}"
 
 
 def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, experts=384, top_k=8,
@@ -91,10 +109,13 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
     try:
         resolved = resolve_backend(backend)
         d = select_provider(call, resolved, info)
-        decision = {"backend": resolved, "provider": d.provider, "reason": d.reason}
+        decision = {"backend": resolved, "provider": d.provider, "reason": d.reason,
+                    "plan": d.plan.describe() if d.plan else None}
     except (ProviderUnavailable, ValueError) as exc:
         decision = {"backend": backend, "provider": None, "reason": str(exc)}
     return {
+        "cute_plan": _cute_plan(call, arch or info.arch or "sm_90a", info.name if info.is_cuda and not arch else
+                                ("NVIDIA H200" if (arch or "sm_90a") == "sm_90a" else f"a {arch} GPU")),
         "w4a16_moe": __version__,
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -144,6 +165,9 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"top-{c['top_k']} {c['activation']}")
     dec = r["decision"]
     print(f"decision : backend={dec['backend']} -> {dec['provider'] or 'none'}: {dec['reason']}")
+    if dec.get("plan"):
+        print(f"plan     : {dec['plan']}")
+    print(f"cute plan: {r['cute_plan']}")
     look = r["kernel_lookup"]
     for which in ("gate_up", "down"):
         if which in look:

@@ -3,7 +3,10 @@
 Each op takes the weights as their canonical tensors (see :mod:`w4a16_moe.formats.weights`)
 so it can live in a TorchScript-style schema; each has a fake (meta) implementation, so
 ``torch.compile(fullgraph=True)`` traces calls without graph breaks. The real implementation
-validates the call, picks a provider (:mod:`w4a16_moe.providers`) and launches it.
+validates the call once (one :class:`~w4a16_moe.validate.MoECall`), picks a provider and its plan
+(:mod:`w4a16_moe.providers`; plans are cached per call shape) and runs that plan. The weights are rebuilt
+from their tensors without re-running :meth:`MoEWeights.validate` when tensors of the same metadata
+were validated before (validation reads only metadata).
 
 Schemas (``W`` stands for the eight weight tensors
 ``w13_codes, w13_scales, w13_zeros?, w13_global_scale?, w2_codes, w2_scales, w2_zeros?, w2_global_scale?``)::
@@ -21,7 +24,7 @@ import torch
 
 from .formats.schemes import get_scheme
 from .formats.weights import MoEWeights, QuantizedMatrix
-from .providers import resolve_backend, select_provider
+from .providers import get_provider, resolve_backend, select_provider
 from .validate import check_masked_call, check_moe_call
 
 __all__ = ["weight_args", "weights_from_args"]
@@ -55,28 +58,36 @@ def weights_from_args(scheme: str, *t: Optional[torch.Tensor]) -> MoEWeights:
     return MoEWeights(sch, w13, w2, gated)
 
 
+_VALIDATED: dict = {}  # (scheme, metadata of the eight tensors) -> gated, for layouts validated before
+_VALIDATED_MAX = 1024
+
+
+def _meta(t) -> Optional[tuple]:
+    return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def _weights(scheme: str, wts: tuple) -> MoEWeights:
+    """:func:`weights_from_args`, validating only tensors of metadata not seen before (real tensors only)."""
+    key = (scheme, tuple(_meta(t) if isinstance(t, torch.Tensor) else t for t in wts))
+    gated = _VALIDATED.get(key)
+    if gated is None:
+        w = weights_from_args(scheme, *wts)
+        if len(_VALIDATED) >= _VALIDATED_MAX:
+            _VALIDATED.clear()
+        _VALIDATED[key] = w.gated
+        return w
+    sch = get_scheme(scheme)
+    return MoEWeights.trusted(sch, QuantizedMatrix(sch, *wts[:4]), QuantizedMatrix(sch, *wts[4:]), gated)
+
+
 def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
-    weights = weights_from_args(scheme, *wts)
+    weights = _weights(scheme, wts)
     call = check_moe_call(
         x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
         expert_offset=expert_offset, out=out,
     )
     decision = select_provider(call, resolve_backend(backend))
-    if decision.provider == "reference":
-        from .reference import reference_moe
-
-        out.copy_(reference_moe(x, weights, topk_weights, topk_ids, activation=activation, expert_offset=expert_offset))
-    elif decision.provider == "triton":
-        from .kernels.triton.moe import triton_fused_moe
-
-        triton_fused_moe(
-            x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
-            expert_offset=expert_offset, out=out,
-        )
-    else:
-        from .kernels.cute.provider import cute_fused_moe
-
-        cute_fused_moe(x, weights, topk_weights, topk_ids, call=call, out=out)
+    get_provider(decision.provider).run(decision.plan, call, x, weights, topk_weights, topk_ids, out)
 
 
 @torch.library.impl(_lib, "fused_moe", "CompositeExplicitAutograd")
@@ -98,22 +109,11 @@ def _fused_moe_out(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_sca
 @torch.library.impl(_lib, "fused_moe_masked", "CompositeExplicitAutograd")
 def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                       masked_m, scheme, activation, backend):
-    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    weights = _weights(scheme, (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs))
     call = check_masked_call(x, weights, masked_m, activation=activation)
     decision = select_provider(call, resolve_backend(backend))
     out = torch.empty_like(x)
-    if decision.provider == "reference":
-        from .reference import reference_moe_masked
-
-        out.copy_(reference_moe_masked(x, weights, masked_m, activation=activation))
-    elif decision.provider == "triton":
-        from .kernels.triton.moe import triton_fused_moe_masked
-
-        triton_fused_moe_masked(x, weights, masked_m, activation=activation, out=out)
-    else:
-        from .kernels.cute.provider import cute_fused_moe_masked
-
-        cute_fused_moe_masked(x, weights, masked_m, activation=call.activation.name, out=out)
+    get_provider(decision.provider).run_masked(decision.plan, call, x, weights, masked_m, out)
     return out
 
 

@@ -111,11 +111,17 @@ def reference_moe_masked(
     ``out[e, r] = mlp_e(x[e, r])`` for ``r < clamp(masked_m[e], 0, cap)``, zeros elsewhere; unweighted.
     """
     call = check_masked_call(x, weights, masked_m, activation=activation, out=out, x_dtypes=_REF_DTYPES)
+    res = reference_masked(call, x, weights, masked_m)
+    if out is not None:
+        out.copy_(res)
+    return res
+
+
+def reference_masked(call, x: torch.Tensor, weights: MoEWeights, masked_m: torch.Tensor) -> torch.Tensor:
+    """The FP32 masked reference of an already validated call (:class:`~w4a16_moe.validate.MaskedCall`)."""
     res = torch.zeros(call.experts, call.capacity, call.hidden, dtype=torch.float32, device=x.device)
     counts = masked_m.clamp(0, call.capacity).tolist()
     for e, m in enumerate(counts):
         if m:
             res[e, :m] = _expert_mlp(x[e, :m], weights, e, call.activation.name)
-    if out is not None:
-        out.copy_(res)
     return res

@@ -11,18 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from .activations import get_activation
 from .formats.weights import MoEWeights
-from .providers import resolve_backend, select_provider
-from .validate import MoECall
+from .providers import get_provider, resolve_backend, select_provider
+from .validate import check_routes_call
 
 __all__ = ["expert_routes", "combine_routes", "weighted_partial"]
-
-
-def _provider(x: torch.Tensor, weights: MoEWeights, k: int, activation: str, backend: str) -> str:
-    call = MoECall(x.shape[0], k, weights.hidden_size, weights.intermediate_size, weights.num_experts, x.dtype,
-                   x.device, get_activation(activation), "deterministic", 0, weights.scheme.name)
-    return select_provider(call, resolve_backend(backend)).provider
 
 
 def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor, *, activation: str,
@@ -32,18 +25,9 @@ def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor,
     ``y`` is FP32 for the reference provider and x's dtype for the GPU providers (what their
     deterministic finalize reads); entries of invalid routes are unspecified.
     """
-    prov = _provider(x, weights, local_ids.shape[1], activation, backend)
-    if prov == "reference":
-        from .reference import reference_routes
-
-        return reference_routes(x, weights, local_ids, activation=activation)
-    if prov == "triton":
-        from .kernels.triton.moe import triton_expert_routes
-
-        return triton_expert_routes(x, weights, local_ids, activation=activation)
-    from .kernels.cute.provider import cute_expert_routes
-
-    return cute_expert_routes(x, weights, local_ids, activation=activation)
+    call = check_routes_call(x, weights, local_ids, activation=activation)
+    decision = select_provider(call, resolve_backend(backend))
+    return get_provider(decision.provider).expert_routes(decision.plan, call, x, weights, local_ids)
 
 
 def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype, *,

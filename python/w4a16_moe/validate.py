@@ -15,7 +15,8 @@ import torch
 from .activations import Activation, get_activation
 from .formats.weights import MoEWeights
 
-__all__ = ["MoECall", "MaskedCall", "check_moe_call", "check_masked_call", "FINALIZE_MODES", "ACT_DTYPES"]
+__all__ = ["MoECall", "MaskedCall", "check_moe_call", "check_masked_call", "check_routes_call", "FINALIZE_MODES",
+           "ACT_DTYPES"]
 
 FINALIZE_MODES = ("deterministic", "fused")
 ACT_DTYPES = (torch.bfloat16, torch.float16)
@@ -37,6 +38,8 @@ class MoECall:
     finalize: str
     expert_offset: int
     scheme: str
+    #: the expert-parallel first half (:func:`w4a16_moe.routes.expert_routes`): per-route outputs, no combine
+    routes_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +150,25 @@ def check_moe_call(
         tokens, top_k, hidden, w.intermediate_size, w.num_experts, x.dtype, x.device, act,
         str(finalize), off, w.scheme.name,
     )
+
+
+def check_routes_call(x: object, weights: object, local_ids: object, *, activation: object = "swiglu") -> MoECall:
+    """Check the arguments of the expert-parallel first half (:func:`w4a16_moe.routes.expert_routes`:
+    ``x [R, H]``, local ids ``[R, k]``, -1 = none); return its ``routes_only`` call description."""
+    x = _tensor(x, "x")
+    if x.dtype not in ACT_DTYPES:
+        raise TypeError(f"x: expected dtype {' or '.join(map(str, ACT_DTYPES))}, got {x.dtype}")
+    if x.dim() != 2:
+        raise ValueError(f"x: expected a 2-D tensor [T, H], got shape {tuple(x.shape)}")
+    tokens, hidden = x.shape
+    w = check_weights(weights, x.device, hidden)
+    ids = _tensor(local_ids, "local_ids")
+    if ids.dtype not in (torch.int32, torch.int64) or ids.dim() != 2 or ids.shape[0] != tokens or ids.shape[1] < 1:
+        raise ValueError(f"local_ids: expected int32/int64 [T={tokens}, k >= 1], got {ids.dtype} {tuple(ids.shape)}")
+    _same_device(ids, "local_ids", x.device)
+    act = check_activation(activation, w)
+    return MoECall(tokens, ids.shape[1], hidden, w.intermediate_size, w.num_experts, x.dtype, x.device, act,
+                   "deterministic", 0, w.scheme.name, routes_only=True)
 
 
 def check_masked_call(

@@ -66,7 +66,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--providers", default="cute")
     ap.add_argument("--json", default=None)
     ap.add_argument("--buckets", default=None,
-                    help="SM90 tile candidates to force, one profile each (indices into sm90_family.CANDIDATES; "
+                    help="SM90 tile candidates to force, one profile each (indices into sm90.family.CANDIDATES; "
                          "default: the tuned table / rule)")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -77,7 +77,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
     out_json = []
-    from ..kernels.cute import sm90_family as fam
+    from ..kernels.cute.sm90 import family as fam
 
     buckets = [None] if a.buckets is None else [int(b) for b in a.buckets.split(",")]
     tokens = [int(v) for v in a.tokens.split(",")]

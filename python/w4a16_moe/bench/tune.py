@@ -1,10 +1,11 @@
 """``python -m w4a16_moe tune --workload kimi-tp8|deepseek-ep8 [--finalize ...] --json PATH``.
 
-Times the CuTe provider's whole MoE call for every candidate tile shape (``sm90_family.CANDIDATES``: the
+Times the CuTe provider's whole MoE call for every candidate tile shape (``sm90.family.CANDIDATES``: the
 rule's buckets plus deep-pipeline decode shapes) and split-K choice (``--splits``, default: the rule and
 1, 2, 4, 8) at each token count of a workload, the same way the benchmark times it (checked against the FP32
 reference first, then CUDA-graph replay), and writes the best choice per token count as tuned-table
-entries keyed by GPU name and layer shape (``kernels/cute/tuned_sm90.json`` format), with the versions.
+entries keyed by GPU name and layer shape (``kernels/cute/sm90/tuned.json`` format: rows name their candidate
+by ``candidate_name`` and carry the device, versions, revision and date of the run).
 
 The data of a token count are the benchmark's row for it (the rows drawn in the workload's order from the
 benchmark's seed). ``--routings N`` times every candidate on N routings of each token count, the benchmark's
@@ -14,7 +15,6 @@ routes and experts a routing has, and a choice should not rest on one draw.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from typing import Optional
@@ -22,26 +22,14 @@ from typing import Optional
 import torch
 
 from ..api import fused_moe
-from ..kernels.cute import sm90_family as fam
+from ..kernels.cute import overrides
+from ..kernels.cute.sm90 import family as fam
+from ..kernels.cute.sm90.tuned import candidate_name
 from ..reference import reference_moe
 from .run import _meta, _nrmse, _time
 from .workloads import SEED, WORKLOADS, benchmark_rows, make_inputs, make_weights
 
 __all__ = ["tune", "main"]
-
-
-@contextlib.contextmanager
-def _decode_trial(knobs: dict):
-    """Force the decode path with ``knobs`` for one trial."""
-    from ..kernels.cute import decode_family as dec
-
-    fam.FORCE.clear()
-    dec.FORCE_KNOBS.clear()
-    dec.FORCE_KNOBS.update(knobs)
-    try:
-        yield
-    finally:
-        dec.FORCE_KNOBS.clear()
 
 
 def _rows(wl, tokens, routings: int, gen, dev) -> dict:
@@ -54,10 +42,10 @@ def _rows(wl, tokens, routings: int, gen, dev) -> dict:
 
 def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print, splits=(None, 1, 2, 4, 8),
          buckets=None, decode_knobs=(), routings: int = 1) -> dict:
-    """``decode_knobs``: knob sets (:func:`decode_family.parse_knobs` strings) of the route-major decode
+    """``decode_knobs``: knob sets (:func:`decode.family.parse_knobs` strings) of the route-major decode
     kernels to time beside the grouped-GEMM candidates (bucket ``"d:<knobs>"`` in the trials); ``routings``:
     routings per token count (see the module docstring); a trial's ``us`` is the mean over them."""
-    from ..kernels.cute import decode_family as dec
+    from ..kernels.cute.decode import family as dec
 
     wl = WORKLOADS[workload]
     dev = torch.device("cuda")
@@ -72,52 +60,56 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
     tokens = list(tokens or wl.tokens)
     data = _rows(wl, tokens, routings, gen, dev)
     rows, trials = [], []
-    try:
-        for t in tokens:
-            cases = [(x, tw, ids, reference_moe(x, weights, tw, ids)) for x, tw, ids in data[t]]
+    for t in tokens:
+        cases = [(x, tw, ids, reference_moe(x, weights, tw, ids)) for x, tw, ids in data[t]]
 
-            def measure(label, bucket, sp):
-                """Check the forced choice against the reference on every routing, then time it into
-                ``trials`` (mean over the routings)."""
-                times, errs = [], []
-                for x, tw, ids, ref in cases:
-                    out = torch.full_like(x, float("nan"))
-                    fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
-                    err = _nrmse(out, ref)
-                    if not (err < 0.02 and bool(torch.isfinite(out).all())):
-                        log(f"# T={t} {label}: NRMSE {err:.3g}, skipped")
-                        return
-                    errs.append(err)
-                    times.append(_time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute",
-                                                         out=out)))
-                trials.append({"tokens": t, "bucket": bucket, "splits": sp, "us": sum(times) / len(times),
-                               "us_per_routing": times, "nrmse": max(errs)})
+        def measure(label, bucket, sp):
+            """Check the forced choice against the reference on every routing, then time it into
+            ``trials`` (mean over the routings)."""
+            times, errs = [], []
+            for x, tw, ids, ref in cases:
+                out = torch.full_like(x, float("nan"))
+                fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
+                err = _nrmse(out, ref)
+                if not (err < 0.02 and bool(torch.isfinite(out).all())):
+                    log(f"# T={t} {label}: NRMSE {err:.3g}, skipped")
+                    return
+                errs.append(err)
+                times.append(_time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute",
+                                                     out=out)))
+            trials.append({"tokens": t, "bucket": bucket, "splits": sp, "us": sum(times) / len(times),
+                           "candidate": candidate_name(fam.CANDIDATES[bucket]) if isinstance(bucket, int) else None,
+                           "us_per_routing": times, "nrmse": max(errs)})
 
-            for kn in decode_knobs:
-                with _decode_trial(dec.parse_knobs(kn)):
-                    if dec.use_decode(t, wl.top_k, max_routes=1 << 30):
-                        measure(f"decode {kn}", f"d:{kn}", None)
-            for b in buckets:
-                for sp in splits_opts:
-                    with fam.forced(b, sp):
-                        measure(f"bucket {b} splits {sp}", b, sp)
-            here = [r for r in trials if r["tokens"] == t]
-            if not here:
-                raise RuntimeError(f"tune: no candidate passed the NRMSE check at T={t}")
-            top = min(here, key=lambda r: r["us"])
-            b = top["bucket"]
-            what = (f"decode {b[2:]}" if isinstance(b, str)
-                    else f"bucket {b} (TN={fam.CANDIDATES[b]['tokens_per_tile']}) splits {top['splits']}")
-            log(f"{wl.name} T={t:5d} best {what}: {top['us']:.1f} us   | " + "  ".join(
-                f"b{r['bucket']}s{r['splits']}={r['us']:.1f}" for r in here))
-            gemm = [r for r in here if not isinstance(r["bucket"], str)]
-            if gemm:
-                g = min(gemm, key=lambda r: r["us"])
-                rows.append([t, g["bucket"], g["splits"]])
-    finally:
-        fam.FORCE.clear()
-    return {"key": key, "finalize": finalize, "rows": rows, "decode": decode_summary(trials, wl.top_k),
-            "trials": trials, "meta": _meta(wl)}
+        for kn in decode_knobs:
+            with overrides.forced_decode(dec.parse_knobs(kn)):
+                if dec.use_decode(t, wl.top_k, max_routes=1 << 30):
+                    measure(f"decode {kn}", f"d:{kn}", None)
+        for b in buckets:
+            for sp in splits_opts:
+                with overrides.forced(b, sp):
+                    measure(f"bucket {b} splits {sp}", b, sp)
+        here = [r for r in trials if r["tokens"] == t]
+        if not here:
+            raise RuntimeError(f"tune: no candidate passed the NRMSE check at T={t}")
+        top = min(here, key=lambda r: r["us"])
+        b = top["bucket"]
+        what = (f"decode {b[2:]}" if isinstance(b, str)
+                else f"bucket {b} (TN={fam.CANDIDATES[b]['tokens_per_tile']}) splits {top['splits']}")
+        log(f"{wl.name} T={t:5d} best {what}: {top['us']:.1f} us   | " + "  ".join(
+            f"b{r['bucket']}s{r['splits']}={r['us']:.1f}" for r in here))
+        gemm = [r for r in here if not isinstance(r["bucket"], str)]
+        if gemm:
+            g = min(gemm, key=lambda r: r["us"])
+            rows.append({"tokens": t, "family": "sm90", "candidate": g["candidate"], "splits": g["splits"],
+                         "us": round(g["us"], 1)})
+    meta = _meta(wl)
+    prov = {k: meta[k] for k in ("device", "versions", "revision", "date")}
+    rows = [{**r, **prov} for r in rows]
+    dec_sum = decode_summary(trials, wl.top_k)
+    if dec_sum is not None:
+        dec_sum.update(prov)
+    return {"key": key, "finalize": finalize, "rows": rows, "decode": dec_sum, "trials": trials, "meta": meta}
 
 
 def decode_summary(trials: list, top_k: int) -> Optional[dict]:
@@ -146,7 +138,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--finalize", default="deterministic", choices=["deterministic", "fused"])
     ap.add_argument("--tokens", default=None)
     ap.add_argument("--splits", default="rule,1,2,4,8", help="split-K choices to time ('rule' = num_splits)")
-    ap.add_argument("--buckets", default=None, help="indices into sm90_family.CANDIDATES (default: all; 'none': only --decode-knobs)")
+    ap.add_argument("--buckets", default=None, help="indices into sm90.family.CANDIDATES (default: all; 'none': only "
+                    "--decode-knobs)")
     ap.add_argument("--decode-knobs", default="",
                     help="comma-separated decode-kernel knob sets to time too, e.g. w8u4/w8u2,w16u4/w8u2 "
                          "(gate_up / down: warps w, unroll u; cN: a persistent grid of at most N CTAs)")

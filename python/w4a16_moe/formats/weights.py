@@ -181,6 +181,13 @@ class MoEWeights:
         self.scheme = get_scheme(self.scheme)
         self.validate()
 
+    @classmethod
+    def trusted(cls, scheme: Scheme, w13: QuantizedMatrix, w2: QuantizedMatrix, gated: bool) -> "MoEWeights":
+        """Wrap tensors whose metadata already passed :meth:`validate` (the torch ops' per-call rebuild)."""
+        w = cls.__new__(cls)
+        w.scheme, w.w13, w.w2, w.gated = scheme, w13, w2, gated
+        return w
+
     # -- shape -----------------------------------------------------------------------------------
     @property
     def num_experts(self) -> int:

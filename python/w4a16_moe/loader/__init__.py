@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Optional
 
+from ..archs import arch_of_capability
 from ._log import get_logger
 from .jit_cache import JitDisabledError, KernelNotAvailableError, cache_dir, jit_disabled
 from .library import Kernel, KernelLaunchError, KernelLibrary, KernelLoadError, load_library
@@ -43,6 +44,7 @@ __all__ = [
     "get_kernel",
     "kernel_status",
     "arch_of_capability",
+    "is_loaded",
     "detect_arch",
     "describe",
     "cache_dir",
@@ -75,11 +77,10 @@ def detect_arch(device: int = 0) -> str:
     return arch
 
 
-def arch_of_capability(major: int, minor: int) -> str:
-    """The ``--gpu-arch`` name kernels are built for on a GPU of compute capability ``major.minor``: the
-    arch-specific ``a`` targets from SM90 on (``sm_90a``, ``sm_100a``, ``sm_120a``), plain ``sm_80`` /
-    ``sm_86`` / ``sm_89`` before."""
-    return f"sm_{major}{minor}" + ("a" if major >= 9 else "")
+def is_loaded(spec: KernelSpec, arch: str) -> bool:
+    """Whether ``spec``'s kernel for ``arch`` is loaded in this process (its first launch needs no module load:
+    what CUDA-graph capture requires). Never builds or loads anything."""
+    return bool(getattr(_KERNELS.get((spec, arch)), "loaded", False))
 
 
 def kernel_status(spec: KernelSpec, arch: str) -> tuple:

@@ -78,7 +78,7 @@ ALLOWED_NEEDED = frozenset(
 
 #: ``--gpu-arch`` values a kernel library can be built for: the loader's archs plus those the AOT build
 #: accepts for other families (the portable warp-MMA family targets sm_80 .. sm_120a).
-BUILD_ARCHS = tuple(dict.fromkeys(("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a") + tuple(SUPPORTED_ARCHS)))
+BUILD_ARCHS = tuple(SUPPORTED_ARCHS)
 
 
 def check_build_arch(arch: str) -> str:

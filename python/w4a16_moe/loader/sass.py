@@ -9,7 +9,7 @@ back to its kernel.
 :func:`check_dir` disassembles every cubin with ``nvdisasm`` and checks per kernel:
 
 * the instructions its family must use (``sass_expect``): ``HGMMA`` for the SM90 WGMMA family,
-  ``HMMA`` for warp-MMA families (from the manifest's ``families`` table, else :data:`DEFAULT_EXPECT`);
+  ``HMMA`` for warp-MMA families (from the manifest's ``families`` table, else the family registry: :func:`default_expect`);
 * no local-memory traffic (``LDL`` / ``STL``: register spills or stack arrays), except where the family
   declares it acceptable for an arch (manifest ``families[f].sass_allow_local``) or ``--allow-local`` names
   the family: then it is a warning;
@@ -46,8 +46,12 @@ __all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disasse
            "local_memory", "check_dir", "main"]
 
 EM_CUDA = 190
-#: instructions a kernel of a family must contain (families not listed: only the local-memory check)
-DEFAULT_EXPECT = {"sm90_w4a16_gemm": ("HGMMA",), "selftest_axpy": ()}
+def default_expect() -> dict:
+    """Instructions a kernel of a family must contain when the manifest does not say (the registered CuTe
+    families' ``sass_expect``; families not listed: only the local-memory check)."""
+    from ..kernels.cute import registry
+
+    return {"selftest_axpy": (), **{f.spec_family: tuple(f.sass_expect) for f in registry.families()}}
 #: local-memory instructions no kernel may contain
 FORBIDDEN = ("LDL", "STL")
 #: opcodes reported in summaries
@@ -182,7 +186,7 @@ def _kernel_sets(d: Path) -> tuple:
     """``(groups, expectations, allowed)``: groups = [(file holding the cubins, arch, [kernel record with
     'cubins'])], allowed = {(family, arch)} whose local memory is accepted."""
     manifest = d / "manifest.json"
-    expect = {f: tuple(v) for f, v in DEFAULT_EXPECT.items()}
+    expect = default_expect()
     groups, allowed = [], set()
     if manifest.is_file():
         m = json.loads(manifest.read_text())

@@ -22,7 +22,8 @@ first 10 hex digits of SHA-256 over the canonical JSON of ``[family, [[key, type
 every parameter (including its type: ``True`` differs from ``1``) changes the name even where the readable
 part is lossy or truncated. The full parameters are always kept in ``meta.json`` / ``manifest.json``.
 
-Family registry: ``register_family(family, compile_fn, sources=...)``. ``compile_fn(spec, arch)`` must return
+Family registry: the CuTe kernel families come from :mod:`w4a16_moe.kernels.cute.registry`; other code
+may add one with ``register_family(family, compile_fn, sources=...)``. ``compile_fn(spec, arch)`` must return
 the object of ``cute.compile(...)`` compiled for ``arch`` (``"sm_90a"``, ``"sm_100a"``) with fake tensors /
 symbolic sizes. It may be given as a ``"package.module:function"`` string, which is imported only when a
 kernel of that family is actually compiled: importing the loader never imports ``cutlass``.
@@ -41,6 +42,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Union
+
+from ..archs import ARCHS
 
 __all__ = [
     "KernelSpec",
@@ -61,9 +64,8 @@ ParamValue = Union[int, bool, str]
 #: from it, so it is kept well below typical symbol/file-name limits (255 bytes for a file name).
 MAX_NAME_LEN = 120
 
-#: Architectures the loader builds for (``--gpu-arch`` values of ``cute.compile``): the SM90 WGMMA family
-#: targets sm_90a, the portable warp-MMA family all of them.
-SUPPORTED_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
+#: Architectures the loader builds for (``--gpu-arch`` values of ``cute.compile``; :mod:`w4a16_moe.archs`).
+SUPPORTED_ARCHS = ARCHS
 
 _FAMILY_RE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")  # no "__": that separates name parts
 _KEY_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -245,48 +247,18 @@ _REGISTRY: dict = {}
 _REG_LOCK = threading.Lock()
 _SOURCE_HASHES: dict = {}
 
-#: Families known without any import; other kernel modules call :func:`register_family` themselves.
+#: The loader's own family (the self-test kernel); the CuTe kernel families come from their registry
+#: (:mod:`w4a16_moe.kernels.cute.registry`), read on first use.
 _BUILTIN_FAMILIES = {
     "selftest_axpy": ("w4a16_moe.loader.selftest_kernel:compile_selftest_axpy", ()),
-    # the SM90 W4A16 grouped GEMM (kernels/cute/sm90_family.py); every module that shapes its code is hashed
-    "sm90_w4a16_gemm": (
-        "w4a16_moe.kernels.cute.sm90_family:_compile",
-        (
-            "w4a16_moe.kernels.cute.sm90.grouped_gemm",
-            "w4a16_moe.kernels.cute.sm90.config",
-            "w4a16_moe.kernels.cute.common.ptx",
-            "w4a16_moe.kernels.cute.common.codes",
-            "w4a16_moe.kernels.cute.common.dequant",
-            "w4a16_moe.kernels.cute.common.epilogue",
-            "w4a16_moe.kernels.cute.common.grid",
-        ),
-    ),
-    # the portable warp-MMA (mma.sync) W4A16 grouped GEMM, sm_80..sm_120a (kernels/cute/warp_family.py)
-    "warp_w4a16_gemm": (
-        "w4a16_moe.kernels.cute.warp_family:_compile",
-        (
-            "w4a16_moe.kernels.cute.warp.grouped_gemm",
-            "w4a16_moe.kernels.cute.warp.config",
-            "w4a16_moe.kernels.cute.common.ptx",
-            "w4a16_moe.kernels.cute.common.codes",
-            "w4a16_moe.kernels.cute.common.epilogue",
-            "w4a16_moe.kernels.cute.common.grid",
-        ),
-    ),
-    # the route-major decode kernels (kernels/cute/decode_family.py): SM90 layout, mma.sync, no route prep
-    "w4a16_decode_gemv": (
-        "w4a16_moe.kernels.cute.decode_family:_compile",
-        (
-            "w4a16_moe.kernels.cute.decode.gemv",
-            "w4a16_moe.kernels.cute.decode.config",
-            "w4a16_moe.kernels.cute.common.ptx",
-            "w4a16_moe.kernels.cute.common.codes",
-            "w4a16_moe.kernels.cute.common.dequant",
-            "w4a16_moe.kernels.cute.common.epilogue",
-            "w4a16_moe.kernels.cute.common.grid",
-        ),
-    ),
 }
+
+
+def _registry_families() -> dict:
+    """``{spec family: (compile_fn, sources)}`` of the registered CuTe kernel families."""
+    from ..kernels.cute import registry
+
+    return {f.spec_family: (f.compile_fn, tuple(f.sources)) for f in registry.families()}
 
 
 def config_codec(family: str, make_config: Callable[..., Any]) -> tuple:
@@ -333,19 +305,23 @@ def register_family(
 
 def get_family(family: str) -> FamilyInfo:
     with _REG_LOCK:
-        if family not in _REGISTRY and family in _BUILTIN_FAMILIES:
-            fn, srcs = _BUILTIN_FAMILIES[family]
+        if family in _REGISTRY:
+            return _REGISTRY[family]
+    known = {**_BUILTIN_FAMILIES, **_registry_families()}
+    with _REG_LOCK:
+        if family not in _REGISTRY and family in known:
+            fn, srcs = known[family]
             _REGISTRY[family] = FamilyInfo(family, fn, srcs)
         try:
             return _REGISTRY[family]
         except KeyError:
-            known = sorted(set(_REGISTRY) | set(_BUILTIN_FAMILIES))
-            raise KeyError(f"unknown kernel family {family!r}; registered: {known}") from None
+            raise KeyError(f"unknown kernel family {family!r}; registered: {sorted(set(_REGISTRY) | set(known))}") from None
 
 
 def registered_families() -> list:
+    known = set(_BUILTIN_FAMILIES) | set(_registry_families())
     with _REG_LOCK:
-        return sorted(set(_REGISTRY) | set(_BUILTIN_FAMILIES))
+        return sorted(set(_REGISTRY) | known)
 
 
 def family_source_hash(family: str) -> str:

@@ -40,10 +40,10 @@ import triton
 
 from ...activations import get_activation
 from ...formats.weights import MoEWeights
-from .finalize import launch_finalize
+from ..routing.finalize import launch_finalize
 from .grouped_gemm import DOWN_ATOMIC, DOWN_MASKED, DOWN_ROUTE_BUFFER, GemmConfig, RowSource, launch_down, \
     launch_gate_up
-from .routing import prepare_routes
+from ..routing.prepare import prepare_routes
 
 __all__ = ["triton_fused_moe", "triton_fused_moe_masked", "triton_expert_routes", "triton_combine_routes",
            "select_configs", "CONFIG_TABLE"]

@@ -1,7 +1,7 @@
 """Weight-decode building blocks shared by the kernels that read the SM90 packed layout (CuTe DSL device code).
 
 The SM90 WGMMA grouped GEMM and the route-major decode kernels read the same fragment-ready codes
-(:mod:`w4a16_moe.kernels.cute.sm90_pack`) and decode them with the same instructions, so their weights are
+(:mod:`w4a16_moe.kernels.cute.sm90.pack`) and decode them with the same instructions, so their weights are
 bit-identical.
 """
 

@@ -1,1 +1,1 @@
-"""The route-major decode kernels: static configuration and kernel."""
+"""The route-major decode kernels: descriptor, knobs and when a call uses them (family)."""

@@ -17,7 +17,7 @@ __all__ = ["DecodeGemvConfig"]
 class DecodeGemvConfig:
     """Static configuration of one compiled decode kernel (every field shapes the generated code).
 
-    The kernel reads the SM90 fragment-ready weight layout (:mod:`..sm90_pack`) of ``m64_per_block`` x
+    The kernel reads the SM90 fragment-ready weight layout (:mod:`..sm90.pack`) of ``m64_per_block`` x
     ``k_tile``, so it shares the packed copy with the WGMMA family's tiles of the same layout.
     """
 
@@ -25,7 +25,7 @@ class DecodeGemvConfig:
     dtype: str = "bf16"  # activation / compute dtype: "bf16" | "fp16"
     group: int = 32  # scale group along K; 0 = per channel
     zero_point: bool = False
-    fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; effective scales folded at pack time, see sm90_pack)
+    fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; effective scales folded at pack time, see sm90/pack.py)
     activation: str = "swiglu"  # gate_up only
     m64_per_block: int = 2  # X of the packed layout (64-row blocks per row block)
     k_tile: int = 128  # BK of the packed layout

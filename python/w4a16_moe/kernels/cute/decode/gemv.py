@@ -8,7 +8,7 @@ reads its expert id straight from ``topk_ids``.
 
 * ``gate_up``: grid ``(4 * N / (64 X), R)``; CTA ``(4 nb + s, r)`` computes ``h[r, cols]`` of route
   ``r`` for the 16-row slice ``s`` of every m64 block of row block ``nb`` (gated: the gate and up halves
-  sit in the same thread, see :mod:`..sm90_pack`), its ``warps`` warps splitting K into ``num_parts``
+  sit in the same thread, see :mod:`..sm90.pack`), its ``warps`` warps splitting K into ``num_parts``
   parts (warp ``w`` takes parts ``w, w + warps, ...``). Invalid routes (expert id outside
   ``[expert_offset, expert_offset + E)``) exit at once; their ``h`` rows are never read.
 * ``down``: grid ``(4 * H / (64 X), T)``; CTA ``(4 nb + s, t)`` computes ``out[t, cols]`` =

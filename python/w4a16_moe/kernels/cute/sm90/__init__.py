@@ -1,1 +1,1 @@
-"""The SM90 (Hopper WGMMA) W4A16 grouped GEMM: static configuration and kernel."""
+"""The SM90 WGMMA kernel family: descriptor and tile selection (family), packed layout (pack), tuned table (tuned)."""

@@ -37,7 +37,7 @@ class Sm90GemmConfig:
     stages: int = 4
     activation: str = "swiglu"  # gate_up only
     zero_point: bool = False
-    fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; scales pre-multiplied at pack time, see sm90_pack)
+    fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; scales pre-multiplied at pack time, see pack.py)
     epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
     consumer_wgs: int = 1
     schedule: str = "overlap"  # "overlap" | "serial"

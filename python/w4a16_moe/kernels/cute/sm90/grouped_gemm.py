@@ -4,7 +4,7 @@ Swap-AB formulation: ``D^T[N, M] = W[N, K] . X^T[K, M]``. Weight rows are the WG
 (``m64`` blocks, register operand A, INT4 dequantized in registers), routed tokens the WGMMA ``N``
 dimension (``TN`` tokens per tile, shared-memory operand B: gathered rows of x or h, 128-byte
 swizzled, K-major). FP32 accumulation. Weights come pre-permuted by
-:func:`..sm90_pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
+:func:`.pack.pack_sm90` (one contiguous chunk of codes + scales per (expert, row block of
 ``64*X`` rows, K tile of ``BK``)).
 
 CTA = ``128 * (1 + consumer_wgs)`` threads:

@@ -1,1 +1,1 @@
-"""The portable warp-MMA (mma.sync) W4A16 grouped GEMM: static configuration and kernel."""
+"""The portable warp-MMA (mma.sync) kernel family: descriptor and tile selection (family), packed layout (pack)."""

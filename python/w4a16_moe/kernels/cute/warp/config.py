@@ -2,7 +2,7 @@
 
 Kept apart from the kernel module so that selecting kernels and looking up prebuilt ones at run time never
 imports ``cutlass`` (a prebuilt wheel runs without the DSL). The kernel itself is
-:mod:`.grouped_gemm`; the packed weight layout it reads is :mod:`..warp_pack`.
+:mod:`.grouped_gemm`; the packed weight layout it reads is :mod:`.pack`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Same call ABI and routing contract as :class:`..sm90.grouped_gemm.Sm90W4A16Group
 instructions every arch from Ampere on has: ``mma.sync.aligned.m16n8k16`` (bf16/f16 in, FP32 accumulate),
 ``ldmatrix``, 16-byte ``cp.async`` (with an L2 evict-first cache hint) and packed ``fma.rn.{bf16,f16}x2``.
 The same source compiles for sm_80, sm_86, sm_89, sm_90a, sm_100a, sm_103a, sm_120a (see
-:mod:`..warp_family`); only the ``atomic_f32`` epilogue differs (``red.global.add.v4.f32`` from sm_90 on,
+:mod:`.family`); only the ``atomic_f32`` epilogue differs (``red.global.add.v4.f32`` from sm_90 on,
 scalar ``red.global.add.f32`` before).
 
 Formulation (swap-AB, Marlin-style): ``D^T[N, M] = W[N, K] . X^T[K, M]``. Weight rows are the MMA ``M``
@@ -23,7 +23,7 @@ Shared memory per pipeline stage (``S = cfg.stages`` stages)::
 
     [ weight chunk (CHUNK bytes, padded to 128) | activation tile TN x BK bf16/f16 ]
 
-* the weight chunk is the packed chunk of :mod:`..warp_pack` (codes, then scales, then zero-point biases),
+* the weight chunk is the packed chunk of :mod:`.pack` (codes, then scales, then zero-point biases),
   copied verbatim: every thread issues 16-byte ``cp.async.cg ... L2::cache_hint`` (evict-first) pieces
   ``t, t + 32W, ...``; lane ``l`` of warp ``w`` then reads its code words of m16 block ``mb = w MW + m``
   and k64 sub-tile ``c`` with one ``ld.shared.v4`` at ``((mb * BK/64 + c) * 32 + l) * 16`` (conflict
@@ -35,7 +35,7 @@ Shared memory per pipeline stage (``S = cfg.stages`` stages)::
   chunk ``t % (BK/8)`` of rows ``t // (BK/8) + j * (32W / (BK/8))``. Rows past the tile's ``count`` tokens
   repeat the last valid row (their results are never stored).
 
-Fragments (PTX ISA, m16n8k16): A (weights) as in :mod:`..warp_pack`; B: ``ldmatrix.x4`` with lanes
+Fragments (PTX ISA, m16n8k16): A (weights) as in :mod:`.pack`; B: ``ldmatrix.x4`` with lanes
 ``8q .. 8q+7`` addressing tokens ``8 nb + (l % 8)`` at 16-byte chunk ``2 kb + q`` (``q = 0..3``) returns
 ``b0, b1`` of k16 steps ``kb`` and ``kb + 1`` of n8 block ``nb``; C/D: ``c0, c1`` = (row ``l//4``, tokens
 ``2 (l%4) + {0, 1}``), ``c2, c3`` = row ``l//4 + 8``.
@@ -87,7 +87,7 @@ contiguous (stride I for h, N for y / out).
 
 Resources (DSL 4.8.1, 128 threads, ``ptxas --minnctapersm 1``, see :data:`PTXAS_MIN_CTAS`): INT4 TN=8
 ~78-90 registers, TN=16 ~94-118, TN=32 ~126-160, TN=64 ~164-168, FP4 TN=8 ~110-122; all 432 variants of
-the family have zero local memory on sm_90a and sm_120a (70-168 registers); 42-74 KB of dynamic shared memory (every variant of :mod:`..warp_family` fits the 99 KB of sm_86/89/120). Per K tile of
+the family have zero local memory on sm_90a and sm_120a (70-168 registers); 42-74 KB of dynamic shared memory (every variant of :mod:`.family` fits the 99 KB of sm_86/89/120). Per K tile of
 128 and m16 block: 8 code-word LDS (2 x v4), 2-8 scale words, 4 LDSM.x4 per n8 block, 8 HMMA per n8 block.
 
 Verification status: the index mappings are checked on the CPU by ``tests/test_warp_pack.py`` (bit-exact
@@ -145,7 +145,7 @@ class WarpW4A16GroupedGemm:
 
     ``__call__(w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
     num_experts, n, k, num_routes, top_k, max_tiles, num_splits, stream)``: exactly the SM90 kernel's
-    parameters. ``w`` packed weights (uint8, :func:`..warp_pack.pack_warp`); ``act`` B source (x for gate_up,
+    parameters. ``w`` packed weights (uint8, :func:`.pack.pack_warp`); ``act`` B source (x for gate_up,
     h for down); ``out`` h / y / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (``atomic_f32`` only); ``ws``
     FP32 / ``counters`` int32 split-K scratch (read only when ``num_splits > 1``); ``n`` weight rows (2I / I /
     H); ``k`` the reduction size; ``num_routes`` the route capacity (``T*top_k``).

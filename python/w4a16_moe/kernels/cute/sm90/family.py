@@ -25,25 +25,25 @@ modes: the partials are summed in fixed split order, so deterministic calls stay
 shapes (deeper weight pipelines for decode-sized batches) that only the tuner selects.
 
 A tuner (``python -m w4a16_moe tune``) measures every candidate (``CANDIDATES``) and split choice on a workload and stores the
-best per token count in ``tuned_sm90.json`` keyed by GPU name and layer shape (with the versions it was
+best per token count in ``tuned.json`` (:mod:`.tuned`: rows name their candidate) keyed by GPU name and layer shape (with the versions it was
 measured with); :func:`choose` prefers those entries and falls back to the rule above. This module only
 selects among compiled kernels, so it is not part of the kernels' source hash.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import os
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec, config_codec
+from ....archs import DEFAULT_SM_COUNT, SM90_ARCHS
+from ....loader.spec import KernelSpec, config_codec
+from .. import overrides
+from . import tuned
+from .tuned import TUNED_PATH
 
 __all__ = ["FAMILY", "TILES", "spec_for", "config_from_spec", "select_tiles", "variants", "kernel_config"]
 
 FAMILY = "sm90_w4a16_gemm"
-SM_COUNT = 132  # H100 / H200 SXM; split-K targets two waves of CTAs
 MAX_GRID_Y = 65535
 
 # bucket upper bound of routes per expert -> tile parameters of Sm90GemmConfig
@@ -79,40 +79,27 @@ def _pp_down(row_blocks: int, stages: int = 8, b_slots: int = 0, pingpong: int =
     return d
 
 
-# Extra tile shapes the tuner measures beside the rule's buckets (deep weight pipelines for decode-sized
-# batches: more bytes in flight per CTA). ``CANDIDATES`` = the rule's buckets, then these; tuned-table rows
-# and ``FORCE["bucket"]`` index into it. (A TN=16 variant with 256-row down CTAs at 2 CTAs/SM was
-# measured at revision e2a97df as candidate 10 and removed: slower, and its down kernels spill.)
+# Extra tile shapes only the tuner and the tuned table select; what each varies and measured:
+# docs/perf/candidates.md (rows of the tuned table name them by candidate_name, not by position).
 EXTRA_TILES = (
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=16, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=6, consumer_wgs=1, schedule="serial"),
-    # the same, with 256 weight rows per CTA in the down GEMM: a short reduction (K = I, e.g. 256 in a TP
-    # shard) leaves each CTA only a few K tiles, so fewer, larger CTAs amortize their start-up
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4,
          down_m64_per_block=4, down_min_ctas_per_sm=2),
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2,
          down_m64_per_block=4, down_k_tile=64, down_stages=4),
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_m64_per_block=4),
-    # prefill-sized rows of few routes per expert (W1 2048: ~43, W2 1024 / 2048: ~32 / ~64): one token tile
-    # per expert where the rule's TN=32 needs two (each re-streaming the expert's weights), and 256 weight
-    # rows per CTA over two consumer warpgroups (the activation tile gathered once for twice the rows)
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial"),
     dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
     dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
-    # (measured at the first sweep: 256 rows over two consumer warpgroups won every such row; these vary TN
-    # around the routes per expert and the K tile)
     dict(tokens_per_tile=48, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=32, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
     dict(tokens_per_tile=80, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
-    # several row blocks per down CTA (``row_blocks_per_cta``): the short-K down GEMM of a TP shard
-    # (K = I = 256 in W1: two K tiles per row block) was latency-bound with one row block per CTA (ncu,
-    # W1 2048 tokens: 495 us, 26% of DRAM and SM throughput). Gate/up tiles as in candidates 17, 11, 2,
-    # 16, 0, 8 and 19 (W1 rows), 18, 15 and 14 (W2 rows).
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7),
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=14),
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=4),
@@ -130,9 +117,6 @@ EXTRA_TILES = (
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4,
          down_m64_per_block=4, down_min_ctas_per_sm=2, down_row_blocks_per_cta=7),
     dict(tokens_per_tile=48, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7),
-    # (measured: W1 2048 821.5 us with candidate 23 vs 919.3 with 17; its down GEMM still only 38% of DRAM
-    # throughput) deeper down rings, so that the producer runs more than one row block ahead; gate/up tiles
-    # of candidates 17 (W1 2048), 16 (W1 1024) and 2
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7,
          down_k_tile=64, down_stages=8),
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2, down_row_blocks_per_cta=7,
@@ -146,9 +130,6 @@ EXTRA_TILES = (
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial",
          down_m64_per_block=4, down_consumer_wgs=2, down_schedule="overlap", down_k_tile=64, down_stages=8,
          down_row_blocks_per_cta=7),
-    # (measured: W1 2048 797.6 us with 34, but its down kernel spills) ping-pong down CTAs: the two consumer
-    # warpgroups take alternate 128-row blocks, so one's epilogue runs under the other's mainloop; gate/up
-    # tiles of candidates 17, 38 and 18
     {**_up2(64), **_pp_down(14)},
     {**_up2(64), **_pp_down(28)},
     {**_up2(64), **_pp_down(8)},
@@ -156,13 +137,8 @@ EXTRA_TILES = (
     {**_UP_T32, **_pp_down(14)},
     {**_up2(48), **_pp_down(14)},
     {**_up2(64), **_pp_down(7)},
-    # 56-token tiles: W1 2048 has ~43 routes per expert (binomial, sd ~6.5), so TN 56 still gives ~98% of
-    # the experts one tile, with an eighth less padding than TN 64
     {**_up2(56), **_pp_down(14)},
     {**_up2(56), **_pp_down(28)},
-    # (measured: W1 2048 779.4 us with 47; ncu: gate/up 337 us at 53% of DRAM throughput, down 313 us at 41%)
-    # more weight bytes in flight per SM: deeper gate/up rings, and down rings of 12-20 weight stages with
-    # only 4 activation-tile slots (the resident tile needs K / BK = 4 of them)
     {**_up2(56, stages=4), **_pp_down(28, stages=16, b_slots=4)},
     {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4)},
     {**_up2(56, stages=6), **_pp_down(28, stages=16, b_slots=4)},
@@ -170,77 +146,44 @@ EXTRA_TILES = (
     {**_up2(56, stages=5), **_pp_down(28, stages=20, b_slots=4)},
     {**_up2(56, stages=5), **_pp_down(14, stages=16, b_slots=4)},
     {**_UP_T32, **_pp_down(28, stages=16, b_slots=4)},
-    # (measured: no gain from the deeper rings, 774-780 us; ncu source counters: both GEMMs are bound by their
-    # consumers' decode + WGMMA issue, and the ping-pong warpgroups wait for their turn 13% of the time) the
-    # two warpgroups' mainloops overlap as well (pingpong=2: safe with stages > K tiles)
     {**_up2(56), **_pp_down(28, pingpong=2)},
     {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2)},
     {**_up2(56, stages=5), **_pp_down(14, stages=12, b_slots=4, pingpong=2)},
     {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2)},
-    # several token-tile widths in one kernel (tn_variants, both GEMMs): a tile runs the narrowest WGMMA N
-    # that holds its routes, TN, TN - 8, ...; at W1 2048 (~43 +- 6.5 routes per expert) TN 56 pads ~24% of
-    # the MMA columns, the narrowest fitting width of 56/48/40/32 about 9%. (Measured, docs/perf/2026-11-30-variants:
-    # W1 2048 764.0 -> 750.9 us with 4 widths, 753.7 with 3, 748.7 for TN 64 with 4; W1 1024 587.6 -> 571.7 for 58
-    # with 3 widths)
     {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4},
     {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 3},
-    # programmatic dependent launch between the two GEMMs: the down kernel's CTAs take the SMs the gate/up
-    # grid's tail frees and stream their first weight stages before waiting for h (measured: 0-3 us)
     {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True},
     {**_UP_T32, **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 3, "pdl": True},
-    # four k16 blocks per WGMMA fence / commit group in both GEMMs (the down GEMM's BK 64 tile is then one
-    # group): measured 741.8 -> 727.9 us at W1 2048; two blocks per group 734.3 (down) and 742.6 (both), the
-    # whole gate/up tile per group 762.2; the 1024 row's serial gate/up and its down were indifferent
     {**_up2(56, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
      "mma_kblocks": 4},
     {**_up2(56, stages=4), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
      "mma_kblocks": 4},
     {**_up2(64, stages=5), **_pp_down(28, stages=16, b_slots=4, pingpong=2), "tn_variants": 4, "pdl": True,
      "mma_kblocks": 4},
-    # the W2 (E 32, I 2048) prefill tiles of the table with two / four k16 blocks per fence group, and with
-    # token-tile widths (W2 2048: ~64 +- 8 routes per expert against TN 80). Measured (run 9 of
-    # docs/perf/2026-11-30-fences, tuner us): 1024 390.4 (15) -> 374.3 (69); 2048 511.9 (18) -> 488.5 (68);
-    # 4096 991.8 (18) -> 959.0 (67). (Also measured and removed: 14 with two blocks per group at 8192, 1710.0
-    # against 1680.2 for 14)
     {**_W2_K64(80), "mma_kblocks": 2, "pdl": True},
     {**_W2_K64(80), "mma_kblocks": 4, "pdl": True},
     {**_W2_K64(80), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
     {**_W2_K64(48), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
-    # the W1 2048 tiles of 63 with a BK 128 down GEMM: half the K tiles per row block (two instead of four), so
-    # half the full-barrier waits and shared-memory word loads, and with four k16 blocks per group two groups
-    # per tile, whose decode overlaps the previous group's WGMMAs (at BK 64 a tile is one group, and its decode
-    # waits for all of the previous tile's WGMMAs). Measured (docs/perf/2026-11-30-pdl-chain, run 2, tuner mean
-    # over 3 routings on one H200): W1 2048 729.5 us (63) -> 713.8. Also measured there and not kept: 12 / 6
-    # down stages 725.7 / 715.0, 14 row blocks per CTA 723.1, 4 / 6 gate/up stages 713.2 / 719.0 (within the
-    # noise of 70), two k16 blocks per down group 714.3 (spilled then; eight blocks per group spill as well)
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
-    # the same BK 128 down GEMM with 62's tiles (W1 1024: TN 32, three widths). Measured in run 2 of
-    # docs/perf/2026-11-30-pdl-chain: 577.4 -> 549.1 us (tuner, 2 routings), with a kernel that then spilled two
-    # registers (the tile's first slot and route count, live across the width dispatch; the epilogue now
-    # re-derives them)
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
      "down_mma_kblocks": 4},
-    # (measured in run 8 of docs/perf/2026-11-30-pingpong and removed: other gate/up tiles with 56's down tiles,
-    # TN 56 at BK 64 with 8 / 6 stages, TN 64 and TN 48 at BK 128 with 5 stages: 789.7 / 789.8 / 800.4 / 837.5 us
-    # against 767.6 for 56 on the same machine)
-    # (also measured and removed, run 10: gate/up CTAs of four consumer warpgroups with 64 weight rows each,
-    # 16 consumer warps per SM instead of 8, 58-93 registers, with 56's and 58's down tiles: W1 2048 749.4 us
-    # at TN 56 / BK 128 / 5 stages, 774.5-804.5 with BK 64, against 741.4 for 56 on that machine; 1024 604.1
-    # against 570.9 for 58. More warps to hide the decode's latency did not help: the consumers are bound by
-    # throughput, not latency)
 )
 CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
+#: every candidate by its stable name (what tuned-table rows and ``forced`` use)
+CANDIDATES_BY_NAME = {tuned.candidate_name(t): t for t in CANDIDATES}
+assert len(CANDIDATES_BY_NAME) == len(CANDIDATES), "two candidates share a tile dict"
+
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .sm90.grouped_gemm import Sm90W4A16GroupedGemm
+    from .grouped_gemm import Sm90W4A16GroupedGemm
 
     return Sm90W4A16GroupedGemm(config_from_spec(spec)).compile(arch)
 
 
 def kernel_config(**fields):
-    from .sm90.config import Sm90GemmConfig
+    from .config import Sm90GemmConfig
 
     return Sm90GemmConfig(**fields)
 
@@ -282,46 +225,42 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
     return up, down
 
 
-# Tuner overrides (``python -m w4a16_moe tune``): {"bucket": index into CANDIDATES, "splits": int or None};
-# set them with :func:`forced`
-FORCE: dict = {}
+#: the tuner's / profiler's / GPU tests' override of the choice (:func:`.overrides.forced`)
+forced = overrides.forced
 
 
-@contextlib.contextmanager
-def forced(bucket: Optional[int], splits: Optional[int] = None):
-    """Within the block every SM90 call takes ``CANDIDATES[bucket]`` with ``splits`` split-K parts (None: the
-    ``num_splits`` rule); ``bucket`` None forces nothing. For the tuner, the profiler and the GPU tests."""
-    FORCE.clear()
-    if bucket is not None:
-        FORCE.update(bucket=bucket, splits=splits)
+def candidate(name_or_index) -> dict:
+    """A candidate's tile dict by :func:`~.tuned.candidate_name` (or, for the tuner's command line, its
+    position in :data:`CANDIDATES`)."""
+    if isinstance(name_or_index, int):
+        return dict(CANDIDATES[name_or_index])
     try:
-        yield
-    finally:
-        FORCE.clear()
-TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned_sm90.json")
+        return dict(CANDIDATES_BY_NAME[name_or_index])
+    except KeyError:
+        raise ValueError(f"unknown SM90 candidate {name_or_index!r}") from None
 
 
 @functools.lru_cache(maxsize=None)
-def _tuned_file(path: str = TUNED_PATH) -> dict:
-    """The tuned table file, read once ({} when absent or unreadable)."""
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+def _table(path: str = TUNED_PATH) -> tuned.TunedTable:
+    """The tuned table, read and checked once (an unknown candidate name raises, naming the row)."""
+    from ..warp.family import TILES as WARP_TILES
+
+    return tuned.load(path, {"sm90": CANDIDATES_BY_NAME,
+                             "warp": {tuned.candidate_name(t): t for _, t in WARP_TILES}})
 
 
 def _tuned_table(path: str = TUNED_PATH) -> dict:
-    return _tuned_file(path).get("entries", {})
+    """key -> resolved rows (:class:`~.tuned.TunedRow`, sorted by tokens)."""
+    return _table(path).entries
 
 
 def _tuned_decode(path: str = TUNED_PATH) -> dict:
-    return _tuned_file(path).get("decode", {})
+    return _table(path).decode
 
 
 def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                  top_k: int) -> Optional[int]:
-    """The tuned table's bound for the route-major decode kernels (:mod:`.decode_family`) on this layer
+    """The tuned table's bound for the route-major decode kernels (:mod:`..decode.family`) on this layer
     shape: calls of at most that many routes (``T * top_k``) use them; None = no measurement (the rule)."""
     ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     return None if ent is None else int(ent["max_routes"])
@@ -329,7 +268,7 @@ def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, sch
 
 def decode_knobs(tokens: int, gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                  top_k: int) -> Optional[str]:
-    """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode_family.parse_knobs``) for a call of
+    """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode.family.parse_knobs``) for a call of
     ``tokens`` on this layer shape: the row with the largest token count <= ``tokens``; None = defaults."""
     ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     best = None
@@ -346,31 +285,27 @@ def tuned_decode_knob_sets(scheme: Optional[str] = None, dtype: Optional[str] = 
                    if (scheme is None or f"|{scheme}|" in key) and (dtype is None or f"|{dtype}|" in key)})
 
 
-def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str, top_k: int) -> str:
-    return f"{gpu}|e{num_experts}_h{hidden}_i{intermediate}|{scheme}|{dtype}|k{top_k}"
+tuned_key = tuned.tuned_key
 
 
 def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str,
                        dtype: str, gpu: str) -> tuple:
-    """``(family, tiles, splits or None)`` for a call on an SM90 GPU: tuner override, then the tuned table
-    (largest measured token count <= ``tokens``), then the routes-per-expert rule. ``family`` is
-    ``"sm90"`` (``tiles`` from :data:`CANDIDATES`) or ``"warp"`` (a tuned row measured faster with the
-    portable warp-MMA family; ``tiles`` from ``warp_family.TILES``). ``splits`` None means the family's
+    """``(family, tiles, splits or None)`` for a call on an SM90 GPU: the override of
+    :func:`~w4a16_moe.kernels.cute.overrides.forced` (tuner, profiler, tests), then the tuned table (largest
+    measured token count <= ``tokens``), then the routes-per-expert rule. ``family`` is ``"sm90"`` (``tiles``
+    from :data:`CANDIDATES`) or ``"warp"`` (a tuned row measured faster with the portable warp-MMA family;
+    ``tiles`` from its ``TILES``): the plan then names that family. ``splits`` None means the family's
     ``num_splits`` rule."""
-    if FORCE:
-        return "sm90", dict(CANDIDATES[FORCE["bucket"]]), FORCE.get("splits")
+    force = overrides.current()
+    if force.candidate is not None:
+        return "sm90", candidate(force.candidate), force.splits
     rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
     if rows:
         best = None
-        for row in rows:  # sorted by t: [t, bucket, splits] or [t, bucket, splits, family]
-            if row[0] <= tokens or best is None:
+        for row in rows:  # sorted by tokens
+            if row.tokens <= tokens or best is None:
                 best = row
-        family = best[3] if len(best) > 3 else "sm90"
-        if family == "warp":
-            from . import warp_family
-
-            return "warp", dict(warp_family.TILES[best[1]][1]), best[2]
-        return "sm90", dict(CANDIDATES[best[1]]), best[2]
+        return best.family, dict(best.tiles), best.splits
     return "sm90", select_tiles(tokens * top_k, num_experts), None
 
 
@@ -386,27 +321,30 @@ def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate:
 
 def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                        top_k: int) -> list:
-    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k)) or []
-    return [row[0] for row in rows]
+    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k)) or ()
+    return [row.tokens for row in rows]
 
 
-def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int) -> int:
-    """Split-K factor: enough CTAs for two waves when the (row block x token tile) grid is small."""
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
+    """Split-K factor: enough CTAs for two waves on ``sm_count`` SMs when the (row block x token tile) grid is
+    small."""
     tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
     rb = cfg.row_blocks_per_cta
     ctas = -(-(n // (64 * cfg.m64_per_block)) // rb) * tiles
     k_tiles = k // cfg.k_tile
-    if ctas >= SM_COUNT:
+    if ctas >= sm_count:
         return 1
-    return max(1, min(8, k_tiles, (2 * SM_COUNT) // ctas))
+    return max(1, min(8, k_tiles, (2 * sm_count) // ctas))
 
 
 def selectable_tiles(scheme: Optional[str] = None) -> list:
     """The tile shapes a call can select: the rule's buckets plus every candidate the tuned table uses
     (for ``scheme`` only, when given: tuned rows are keyed by scheme)."""
-    used = {row[1] for key, rows in _tuned_table().items() for row in rows
-            if (len(row) < 4 or row[3] == "sm90") and (scheme is None or f"|{scheme}|" in key)}
-    return [t for _, t in TILES] + [CANDIDATES[b] for b in sorted(used) if b >= len(TILES)]
+    rule = [t for _, t in TILES]
+    used = {row.candidate for key, rows in _tuned_table().items() for row in rows
+            if row.family == "sm90" and (scheme is None or f"|{scheme}|" in key)}
+    extra = [t for t in EXTRA_TILES if tuned.candidate_name(t) in used and t not in rule]
+    return rule + extra
 
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
@@ -414,7 +352,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              tiles: Optional[Iterable[dict]] = None) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme, each with the tile
     shapes of :func:`selectable_tiles` for it)."""
-    from ...formats.schemes import SCHEMES
+    from ....formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
@@ -431,3 +369,93 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
                                 seen.add(spec)
                                 out.append(spec)
     return out
+
+
+def aot_variants(subset: str) -> list:
+    """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every selectable tile shape;
+    ``"full"``: every variant the provider can select (:func:`variants`)."""
+    from ....formats.schemes import get_scheme
+
+    if subset == "full":
+        return variants()
+    if subset == "smoke":
+        return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+                        activations=("swiglu",))
+    raise ValueError(f"subset: expected smoke or full, got {subset!r}")
+
+
+class Sm90Family:
+    """The WGMMA grouped-GEMM family as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`."""
+
+    name = "sm90"
+    spec_family = FAMILY
+    archs = SM90_ARCHS
+    role = "grouped"
+    beside = None
+    compile_fn = f"{__name__}:_compile"
+    sources = ("w4a16_moe.kernels.cute.sm90.grouped_gemm", "w4a16_moe.kernels.cute.sm90.config",
+               "w4a16_moe.kernels.cute.common.ptx", "w4a16_moe.kernels.cute.common.codes",
+               "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid", "w4a16_moe.kernels.cute.common.dequant")
+    sass_expect = ("HGMMA",)
+    sass_allow_local = ()
+    max_grid_y = MAX_GRID_Y
+
+    def __repr__(self) -> str:
+        return "KernelFamily(sm90)"
+
+    def config_type(self) -> type:
+        from .config import Sm90GemmConfig
+
+        return Sm90GemmConfig
+
+    def supports(self, capability, arch) -> Optional[str]:
+        if capability[0] != 9:
+            return f"the SM90 family needs compute capability 9.x ({arch})"
+        return None
+
+    def can_implement(self, call) -> Optional[str]:
+        from ..registry import shape_reason
+
+        return shape_reason(call)
+
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
+
+    def select_tiles(self, num_routes, num_experts) -> dict:
+        return select_tiles(num_routes, num_experts)
+
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu) -> tuple:
+        return choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu)
+
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count) -> int:
+        return num_splits(n, k, cfg, num_routes, num_experts, sm_count)
+
+    def spec_for(self, cfg):
+        return spec_for(cfg)
+
+    def aot_variants(self, subset):
+        return aot_variants(subset)
+
+    def layout_key(self, which, cfg, dtype) -> str:
+        return layout_key(which, cfg, dtype)
+
+    def pack(self, qm, cfg, dtype, interleave):
+        return pack(qm, cfg, dtype, interleave)
+
+    def rows_per_cta(self, cfg) -> int:
+        return 64 * cfg.m64_per_block
+
+
+def layout_key(which: str, cfg, dtype) -> str:
+    """Cache key of the SM90 packed layout (shared by the decode kernels): matrix, row block, K tile, dtype."""
+    return f"cute-sm90:{which}:x{cfg.m64_per_block}:k{cfg.k_tile}:{dtype}"
+
+
+def pack(qm, cfg, dtype, interleave: bool):
+    from .pack import pack_sm90
+
+    return pack_sm90(qm, m64_per_block=cfg.m64_per_block, k_tile=cfg.k_tile, compute_dtype=dtype,
+                     interleave_gate_up=interleave)
+
+
+DESCRIPTOR = Sm90Family()

@@ -1,6 +1,6 @@
 """Load-time packing of 4-bit expert weights into the warp-MMA (``mma.sync``) fragment-ready layout.
 
-The portable grouped GEMM (:mod:`.warp_grouped_gemm`) runs swap-AB, ``D^T[N, M] = W[N, K] . X^T[K, M]``:
+The portable grouped GEMM (:mod:`.grouped_gemm`) runs swap-AB, ``D^T[N, M] = W[N, K] . X^T[K, M]``:
 weight rows are the ``mma.sync.m16n8k16`` ``M`` dimension (operand A, 16 rows per instruction, held in
 registers after an in-register dequantization), routed tokens the ``N`` dimension (operand B, 8 per
 instruction, ``ldmatrix`` from shared memory).
@@ -69,8 +69,8 @@ from typing import Optional
 
 import torch
 
-from ...formats.schemes import Scheme
-from ...formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
+from ....formats.schemes import Scheme
+from ....formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
 
 __all__ = [
     "WarpPackedMatrix",
@@ -98,7 +98,7 @@ def groups_per_tile(group: int, k_tile: int) -> int:
 
 
 def layout_for(cfg) -> dict:
-    """The :func:`pack_warp` keyword arguments matching a :class:`~.warp_config.WarpGemmConfig`."""
+    """The :func:`pack_warp` keyword arguments matching a :class:`~.config.WarpGemmConfig`."""
     return dict(warps=cfg.warps, m16_per_warp=cfg.m16_per_warp, k_tile=cfg.k_tile)
 
 
@@ -376,7 +376,7 @@ def _bits_to(v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _e2m1_half_bits(code: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """16-bit patterns of the exact E2M1 value of ``code`` (0..15) in ``dtype`` (what the kernel's lookup yields)."""
-    from ...formats.fp4 import E2M1_VALUES
+    from ....formats.fp4 import E2M1_VALUES
 
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32).to(dtype).view(torch.int16).to(torch.int64) & 0xFFFF
     return table.to(code.device)[code]

@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from .routing import pdl_supported
+from .prepare import pdl_supported
 
 __all__ = ["launch_finalize"]
 

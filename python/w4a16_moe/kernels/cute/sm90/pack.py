@@ -1,6 +1,6 @@
 """Load-time packing of 4-bit expert weights into the SM90 "fragment-ready" layout.
 
-The Hopper grouped GEMM (:mod:`.sm90_grouped_gemm`) runs in a swap-AB formulation,
+The Hopper grouped GEMM (:mod:`.grouped_gemm`) runs in a swap-AB formulation,
 ``D^T[N, M] = W[N, K] . X^T[K, M]``: weight rows are the WGMMA ``M`` dimension (64 per
 warpgroup instruction), routed tokens the WGMMA ``N`` dimension. The weights are the
 *register* operand A of ``wgmma.mma_async.sp?.m64nNk16.f32.{bf16,f16}`` (RS form), so each thread
@@ -84,8 +84,8 @@ from typing import Optional
 
 import torch
 
-from ...formats.schemes import Scheme
-from ...formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
+from ....formats.schemes import Scheme
+from ....formats.weights import QuantizedMatrix, pack_nibbles, unpack_nibbles
 
 __all__ = ["Sm90PackedMatrix", "pack_sm90", "unpack_sm90", "effective_scales", "fragment_row_col", "groups_per_tile",
            "FP4_SCALE_EXP"]
@@ -271,7 +271,7 @@ def effective_scales(qm: QuantizedMatrix, compute_dtype: torch.dtype, name: str 
     """The per-group scales the kernel multiplies by, in ``compute_dtype`` ``[E, N, K/g]``: INT4 scales
     converted; FP4 ``(e4m3 * global | 2**(e8m0-127)) * 2**FP4_SCALE_EXP`` (see the module docstring).
     Raises ValueError when a value does not fit the compute dtype."""
-    from ...formats.fp4 import e4m3_decode, e8m0_decode
+    from ....formats.fp4 import e4m3_decode, e8m0_decode
 
     kind = qm.scheme.kind
     if kind == "int4":

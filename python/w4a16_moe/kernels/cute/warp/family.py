@@ -1,8 +1,8 @@
 """The portable warp-MMA kernel family as the loader sees it: specs, archs, variant sets and tile selection.
 
 Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``warp_w4a16_gemm`` whose params
-are all fields of :class:`~.warp_config.WarpGemmConfig` (the spec name encodes every codegen parameter); the
-same specs feed JIT and AOT. The kernel (:mod:`.warp_grouped_gemm`) is one source for every arch in
+are all fields of :class:`~.config.WarpGemmConfig` (the spec name encodes every codegen parameter); the
+same specs feed JIT and AOT. The kernel (:mod:`.grouped_gemm`) is one source for every arch in
 :data:`ARCHS`; the arch only changes the ``atomic_f32`` reduction width and the shared-memory check.
 
 Tile selection (:func:`select_tiles`) uses only host-known sizes, so a call never synchronizes; one compiled
@@ -27,7 +27,8 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Optional
 
-from ...loader.spec import KernelSpec, config_codec
+from ....archs import ARCHS as ALL_ARCHS, DEFAULT_SM_COUNT
+from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
            "gemm_configs", "num_splits", "variants", "aot_variants", "kernel_config", "group_param"]
@@ -35,11 +36,10 @@ __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from
 FAMILY = "warp_w4a16_gemm"
 
 #: ``--gpu-arch`` values the CuTe DSL 4.8.1 accepts for this kernel (compile + export verified on the CPU box).
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
+ARCHS = ALL_ARCHS
 #: archs tried and refused, with the reason (none with DSL 4.8.1; sm_121a also compiles but is not listed).
 REFUSED_ARCHS: dict = {}
 
-SM_COUNT = 132  # H100 / H200 SXM: split-K targets
 MAX_GRID_Y = 65535
 
 _BASE = dict(warps=4, m16_per_warp=2, stages=4)
@@ -54,13 +54,13 @@ TILES = (
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .warp.grouped_gemm import WarpW4A16GroupedGemm
+    from .grouped_gemm import WarpW4A16GroupedGemm
 
     return WarpW4A16GroupedGemm(config_from_spec(spec), arch).compile(arch)
 
 
 def kernel_config(**fields):
-    from .warp.config import WarpGemmConfig
+    from .config import WarpGemmConfig
 
     return WarpGemmConfig(**fields)
 
@@ -87,7 +87,7 @@ def group_param(scheme) -> int:
 
 
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
-    """(gate_up, down) :class:`~.warp_config.WarpGemmConfig` of one call (``finalize``: deterministic | fused)."""
+    """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused)."""
     return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())))
 
 
@@ -102,7 +102,7 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
     return up, down
 
 
-def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = SM_COUNT) -> int:
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
     """Split-K factor: enough CTAs for about four small CTAs per SM when the (row block x token tile) grid is
     small (decode), each split keeping at least two K tiles; at most 16."""
     tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
@@ -122,7 +122,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
              tiles: Optional[Iterable[dict]] = None) -> list:
     """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4)."""
-    from ...formats.schemes import SCHEMES
+    from ....formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
@@ -145,7 +145,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 def aot_variants(subset: str) -> list:
     """Specs of an AOT subset: ``"smoke"`` (int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every
     bucket: 16 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation, finalize, bucket)."""
-    from ...formats.schemes import get_scheme
+    from ....formats.schemes import get_scheme
 
     if subset == "full":
         return variants()
@@ -153,3 +153,70 @@ def aot_variants(subset: str) -> list:
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
+
+
+class WarpFamily:
+    """The portable warp-MMA family as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`."""
+
+    name = "warp"
+    spec_family = FAMILY
+    archs = ARCHS
+    role = "grouped"
+    beside = None
+    compile_fn = f"{__name__}:_compile"
+    sources = ("w4a16_moe.kernels.cute.warp.grouped_gemm", "w4a16_moe.kernels.cute.warp.config",
+               "w4a16_moe.kernels.cute.common.ptx", "w4a16_moe.kernels.cute.common.codes",
+               "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid")
+    sass_expect = ("HMMA",)
+    sass_allow_local = ()
+    max_grid_y = MAX_GRID_Y
+
+    def __repr__(self) -> str:
+        return "KernelFamily(warp)"
+
+    def config_type(self) -> type:
+        from .config import WarpGemmConfig
+
+        return WarpGemmConfig
+
+    def supports(self, capability, arch) -> Optional[str]:
+        if arch not in self.archs:
+            return f"no CuTe kernel family for {arch} (the warp-MMA family is built for {', '.join(self.archs)})"
+        return None
+
+    def can_implement(self, call) -> Optional[str]:
+        from ..registry import shape_reason
+
+        return shape_reason(call)
+
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
+
+    def select_tiles(self, num_routes, num_experts) -> dict:
+        return select_tiles(num_routes, num_experts)
+
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu) -> tuple:
+        return self.name, select_tiles(tokens * top_k, num_experts), None
+
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count) -> int:
+        return num_splits(n, k, cfg, num_routes, num_experts, sm_count)
+
+    def spec_for(self, cfg):
+        return spec_for(cfg)
+
+    def aot_variants(self, subset):
+        return aot_variants(subset)
+
+    def layout_key(self, which, cfg, dtype) -> str:
+        return f"cute-warp:{which}:w{cfg.warps}:m{cfg.m16_per_warp}:k{cfg.k_tile}:{dtype}"
+
+    def pack(self, qm, cfg, dtype, interleave):
+        from .pack import layout_for, pack_warp
+
+        return pack_warp(qm, **layout_for(cfg), compute_dtype=dtype, interleave_gate_up=interleave)
+
+    def rows_per_cta(self, cfg) -> int:
+        return cfg.rows_per_cta
+
+
+DESCRIPTOR = WarpFamily()

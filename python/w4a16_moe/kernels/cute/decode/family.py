@@ -1,15 +1,15 @@
 """The route-major decode kernels as the loader sees them: specs, variant sets, and when a call uses them.
 
 Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``w4a16_decode_gemv`` whose params
-are all fields of :class:`~.decode_config.DecodeGemvConfig`; the same specs feed JIT and AOT. The kernels
-(:mod:`.decode_gemv`) read the SM90 packed layout and use only ``mma.sync`` and plain global loads; they are
+are all fields of :class:`~.config.DecodeGemvConfig`; the same specs feed JIT and AOT. The kernels
+(:mod:`.gemv`) read the SM90 packed layout and use only ``mma.sync`` and plain global loads; they are
 built for sm_90a (where they run next to the WGMMA family).
 
 When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_k <= DECODE_MAX_ROUTES``
 routes, unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
 decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
 tuned table may bound it per layer shape instead, and names the knob set per token count
-(``tuned_sm90.json``, ``"decode"``: key -> ``{"max_routes": R, "knobs": [[tokens, "w8u8/w8u4"], ...]}``, written
+(``sm90/tuned.json``, ``"decode"``: key -> ``{"max_routes": R, "knobs": [[tokens, "w8u8/w8u4"], ...]}``, written
 by ``python -m w4a16_moe tune --decode-knobs ...`` + ``scripts/merge_tuned.py``).
 ``W4A16_MOE_CUTE_DECODE=1`` forces it for every routed call that fits one launch (tests).
 
@@ -21,16 +21,17 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Optional
 
-from ... import settings
-from ...loader.spec import KernelSpec, config_codec
-from . import sm90_family
-from .sm90_family import group_param  # the decode kernels read the SM90 layout: same group convention
+from .... import settings
+from ....archs import SM90_ARCHS
+from ....loader.spec import KernelSpec, config_codec
+from ..sm90 import family as sm90_family
+from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
 
 FAMILY = "w4a16_decode_gemv"
-ARCHS = ("sm_90a",)
+ARCHS = SM90_ARCHS
 #: instructions every kernel of the family must contain (the AOT SASS check)
 SASS_EXPECT = ("HMMA",)
 MAX_GRID_Y = 65535
@@ -38,7 +39,7 @@ MAX_GRID_Y = 65535
 DECODE_MAX_ROUTES = 64
 
 #: the packed layouts the decode kernels read (w13, w2): those of the WGMMA family's decode tile
-#: (``sm90_family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
+#: (``sm90.family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
 LAYOUT = {"w13": dict(m64_per_block=2, k_tile=128), "w2": dict(m64_per_block=4, k_tile=64)}
 #: per-mode codegen knobs (warps per CTA, k64 units per load batch)
 #: (the H200 sweep at revision 2cae0a5+: w8u8/w8u4 is within 8% of the best set at 1-16 tokens of W1 and
@@ -48,13 +49,13 @@ KNOBS = {"gate_up": dict(warps=8, unroll=8), "down": dict(warps=8, unroll=4)}
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
-    from .decode.gemv import Sm90W4A16DecodeGemv
+    from .gemv import Sm90W4A16DecodeGemv
 
     return Sm90W4A16DecodeGemv(config_from_spec(spec), arch).compile(arch)
 
 
 def kernel_config(**fields):
-    from .decode.config import DecodeGemvConfig
+    from .config import DecodeGemvConfig
 
     return DecodeGemvConfig(**fields)
 
@@ -74,18 +75,9 @@ def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
     return up, down
 
 
-#: Tuner override of :data:`KNOBS` (``python -m w4a16_moe tune --decode-knobs``): {"gate_up": {...}, "down": {...}}
-FORCE_KNOBS: dict = {}
-
-
 def _as_items(knobs: dict) -> tuple:
     """``{"gate_up": {...}, "down": {...}}`` as the hashable ``knobs`` argument of :func:`configs`."""
     return tuple((m, tuple(sorted(v.items()))) for m, v in sorted(knobs.items()))
-
-
-def forced_knobs() -> tuple:
-    """:data:`FORCE_KNOBS` as the hashable ``knobs`` argument of :func:`configs`."""
-    return _as_items(FORCE_KNOBS)
 
 
 def parse_knobs(text: str) -> dict:
@@ -122,10 +114,9 @@ def mode() -> str:
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
     ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never)."""
-    from .provider import batch_invariant
-
-    m = mode()
-    if m == "0" or batch_invariant() or tokens == 0:
+    s = settings.get()
+    m = s.cute_decode
+    if m == "0" or s.batch_invariant or tokens == 0:
         return False
     if tokens * top_k > MAX_GRID_Y:
         return False
@@ -144,7 +135,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
     plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those)."""
-    from ...formats.schemes import SCHEMES
+    from ....formats.schemes import SCHEMES
 
     if schemes is None:
         schemes = list(SCHEMES.values())
@@ -165,7 +156,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 
 def aot_variants(subset: str) -> list:
     """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU; ``"full"``: every scheme, dtype and activation."""
-    from ...formats.schemes import get_scheme
+    from ....formats.schemes import get_scheme
 
     if subset == "full":
         return variants()
@@ -173,3 +164,64 @@ def aot_variants(subset: str) -> list:
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
+
+
+class DecodeFamily:
+    """The route-major decode kernels as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`: small
+    routed calls beside the SM90 family, reading its packed layout."""
+
+    name = "decode"
+    spec_family = FAMILY
+    archs = ARCHS
+    role = "decode"
+    beside = "sm90"
+    compile_fn = f"{__name__}:_compile"
+    sources = ("w4a16_moe.kernels.cute.decode.gemv", "w4a16_moe.kernels.cute.decode.config",
+               "w4a16_moe.kernels.cute.common.ptx", "w4a16_moe.kernels.cute.common.codes",
+               "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid", "w4a16_moe.kernels.cute.common.dequant")
+    sass_expect = SASS_EXPECT
+    sass_allow_local = ()
+    max_grid_y = MAX_GRID_Y
+
+    def __repr__(self) -> str:
+        return "KernelFamily(decode)"
+
+    def config_type(self) -> type:
+        from .config import DecodeGemvConfig
+
+        return DecodeGemvConfig
+
+    def supports(self, capability, arch) -> Optional[str]:
+        return None if arch in self.archs else f"the decode kernels are built for {', '.join(self.archs)} only"
+
+    def can_implement(self, call) -> Optional[str]:
+        from ...cute.registry import shape_reason
+        from ....validate import MaskedCall
+
+        if isinstance(call, MaskedCall):
+            return "the decode kernels take routed calls only"
+        if call.tokens * call.top_k > MAX_GRID_Y:
+            return f"{call.tokens * call.top_k} routes exceed one launch"
+        return shape_reason(call)
+
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+        """``tiles``: ``{"knobs": knob items}`` (:func:`knob_items`; ``()``: the defaults)."""
+        return configs(scheme, dtype, activation, tiles.get("knobs", ()))
+
+    def spec_for(self, cfg):
+        return spec_for(cfg)
+
+    def aot_variants(self, subset):
+        return aot_variants(subset)
+
+    def layout_key(self, which, cfg, dtype) -> str:
+        return sm90_family.layout_key(which, cfg, dtype)
+
+    def pack(self, qm, cfg, dtype, interleave):
+        return sm90_family.pack(qm, cfg, dtype, interleave)
+
+    def rows_per_cta(self, cfg) -> int:
+        return 64 * cfg.m64_per_block
+
+
+DESCRIPTOR = DecodeFamily()

@@ -1,0 +1,140 @@
+"""The CuTe kernel families: the interface each implements (:class:`KernelFamily`) and the one registry.
+
+A family is a package under ``kernels/cute/`` whose ``family`` module defines ``DESCRIPTOR``, an object with
+the attributes and methods of :class:`KernelFamily`. :data:`FAMILY_MODULES` lists them, one line each, in
+order of preference on a device; everything that needs to know the families reads this registry:
+
+* the loader (:func:`w4a16_moe.loader.spec.get_family`): compile function and source modules of a spec family;
+* the AOT build (:mod:`w4a16_moe.aot`): archs and variant sets per subset;
+* the SASS check (:mod:`w4a16_moe.loader.sass`): the instructions each family's kernels must contain;
+* the CuTe provider and ``doctor``: which family serves a device, its configs, packed layouts and checks.
+
+Adding a family: its own package (config, kernel, ``family.py`` with ``DESCRIPTOR``), plus one line in
+:data:`FAMILY_MODULES`. Nothing here (nor in any ``family`` module) imports ``cutlass``; the compile
+function is named as a ``"module:function"`` string and imported only to compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Optional, Protocol, runtime_checkable
+
+__all__ = ["KernelFamily", "FAMILY_MODULES", "families", "get", "by_spec_family", "GRID_Y_MAX", "shape_reason"]
+
+#: one line per family (the module defining ``DESCRIPTOR``), in order of preference on a device
+FAMILY_MODULES = (
+    "w4a16_moe.kernels.cute.sm90.family",
+    "w4a16_moe.kernels.cute.warp.family",
+    "w4a16_moe.kernels.cute.decode.family",
+)
+
+#: CUDA's grid y limit (the token-tile dimension of every family's launch)
+GRID_Y_MAX = 65535
+
+
+@runtime_checkable
+class KernelFamily(Protocol):
+    """What the loader, AOT, the SASS check, ``doctor`` and the provider need of a kernel family."""
+
+    #: short name: plans, ``W4A16_MOE_CUTE_FAMILY``, tuned-table rows ("sm90", "warp", "decode")
+    name: str
+    #: the loader family of its :class:`~w4a16_moe.loader.KernelSpec` s (e.g. ``"sm90_w4a16_gemm"``)
+    spec_family: str
+    #: ``--gpu-arch`` values it compiles for
+    archs: tuple
+    #: "grouped" (runs any routed or masked call) or "decode" (small routed calls next to a grouped family)
+    role: str
+    #: for a "decode" family: the grouped family it runs beside (and whose packed layout it reads)
+    beside: Optional[str]
+    #: ``"module:function"`` compiling one spec for one arch (``compile_fn(spec, arch)``)
+    compile_fn: str
+    #: modules whose source shapes the generated code (hashed into the JIT-cache key)
+    sources: tuple
+    #: instructions every kernel of the family must contain (the AOT SASS check)
+    sass_expect: tuple
+    #: archs on which local-memory instructions are only a warning in the SASS check
+    sass_allow_local: tuple
+
+    def config_type(self) -> type:
+        """The static config dataclass of one kernel (no DSL import)."""
+
+    def supports(self, capability: tuple, arch: str) -> Optional[str]:
+        """None when the family runs on a device of ``capability`` / ``arch``, else why not."""
+
+    def can_implement(self, call) -> Optional[str]:
+        """None when the family's kernels cover ``call`` (a :class:`~w4a16_moe.validate.MoECall` or
+        ``MaskedCall``: shapes, dtype, activation), else why not. Needs no ``cutlass``."""
+
+    def configs(self, scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict) -> tuple:
+        """``(gate_up, down)`` kernel configs of one call with ``tiles`` (family-specific knobs)."""
+
+    def spec_for(self, cfg):
+        """The :class:`~w4a16_moe.loader.KernelSpec` of a config."""
+
+    # grouped families (role "grouped") also have:
+    #   select_tiles(num_routes, num_experts) -> tiles (the rule; masked calls)
+    #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu) -> (family name, tiles, splits or None): a routed
+    #       call's choice, which may name another registered family (the SM90 tuned table's warp rows)
+    #   num_splits(n, k, cfg, num_routes, num_experts, sm_count) -> split-K parts
+    #   max_grid_y: the launch's grid-y limit
+
+    def aot_variants(self, subset: str) -> list:
+        """The specs of an AOT subset (``"smoke"`` or ``"full"``)."""
+
+    def layout_key(self, which: str, cfg, dtype) -> str:
+        """Cache key of the packed layout of ``which`` ("w13" / "w2") that ``cfg`` reads."""
+
+    def pack(self, qm, cfg, dtype, interleave: bool):
+        """The packed layout of one quantized matrix for ``cfg`` (``interleave``: gated w13)."""
+
+    def rows_per_cta(self, cfg) -> int:
+        """Weight rows one CTA computes (split-K workspace and tile-counter sizes)."""
+
+
+@functools.lru_cache(maxsize=None)
+def families() -> tuple:
+    """Every registered family's descriptor, in :data:`FAMILY_MODULES` order."""
+    out = []
+    for mod in FAMILY_MODULES:
+        d = importlib.import_module(mod).DESCRIPTOR
+        assert isinstance(d, KernelFamily), f"{mod}.DESCRIPTOR does not implement KernelFamily"
+        out.append(d)
+    return tuple(out)
+
+
+def get(name: str) -> KernelFamily:
+    """The family named ``name`` (short name, e.g. ``"sm90"``)."""
+    for f in families():
+        if f.name == name:
+            return f
+    raise KeyError(f"unknown CuTe kernel family {name!r}; registered: {', '.join(f.name for f in families())}")
+
+
+def by_spec_family(spec_family: str) -> Optional[KernelFamily]:
+    """The family whose specs are of loader family ``spec_family`` (None: not a registered CuTe family)."""
+    for f in families():
+        if f.spec_family == spec_family:
+            return f
+    return None
+
+
+def shape_reason(call) -> Optional[str]:
+    """The shape and dtype rules every CuTe family shares (None when ``call`` meets them)."""
+    import torch
+
+    from ...formats.schemes import get_scheme
+
+    if call.dtype not in (torch.bfloat16, torch.float16):
+        return f"dtype {call.dtype} is not bfloat16 or float16"
+    sch = get_scheme(call.scheme)
+    h, i = call.hidden, call.intermediate
+    rows13 = 2 * i if call.activation.gated else i
+    for name, n, k in (("w13", rows13, h), ("w2", h, i)):
+        if n % 256:
+            return f"{name}: output size {n} is not a multiple of 256 (scheme {sch.name}, provider cute)"
+        if k % 128:
+            return f"{name}: reduction size {k} is not a multiple of 128 (scheme {sch.name}, provider cute)"
+    if call.activation.gated and i % 128:
+        return f"w13: intermediate size {i} is not a multiple of 128 (gated, provider cute)"
+    return None

@@ -1,0 +1,152 @@
+"""Plans on the CPU: the CuTe provider's plan of a grid of calls equals what the code of ed90ab0 chose
+(tiles, family, split-K, decode or not, kernel configs), recorded in ``tests/data/plan_choices_ed90ab0.json``
+from ``choose_with_family`` / ``use_decode`` / ``decode_bound`` / ``num_splits`` before the plan existed;
+and the tuned table converted to candidate names selects the same tile dicts as the index-based one."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from w4a16_moe.activations import get_activation
+from w4a16_moe.device import DeviceInfo
+from w4a16_moe.kernels.cute import overrides, provider
+from w4a16_moe.kernels.cute.sm90 import family as fam
+from w4a16_moe.kernels.cute.sm90 import tuned
+from w4a16_moe.validate import MaskedCall, MoECall
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+REC = json.load(open(os.path.join(DATA, "plan_choices_ed90ab0.json")))
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@pytest.fixture(autouse=True)
+def _kernels_anywhere(monkeypatch):
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    monkeypatch.delenv("W4A16_MOE_CUTE_DECODE", raising=False)
+    monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
+    monkeypatch.delenv("W4A16_MOE_CUTE_FAMILY", raising=False)
+    provider.clear_plans()
+
+
+def _info(layer):
+    return DeviceInfo("cuda", REC["layers"][layer]["gpu"], (9, 0), 132)
+
+
+def _routed(layer, tokens, finalize):
+    L = REC["layers"][layer]
+    return MoECall(tokens, L["k"], L["h"], L["i"], L["e"], DT[L["dt"]], torch.device("cuda"),
+                   get_activation("swiglu"), finalize, 0, L["scheme"])
+
+
+ROUTED = [r for r in REC["rows"] if "tokens" in r]
+MASKED = [r for r in REC["rows"] if "masked_capacity" in r]
+
+
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_routed_plans_match_the_recorded_choices(finalize):
+    for r in ROUTED:
+        p = provider.plan(_routed(r["layer"], r["tokens"], finalize), _info(r["layer"]))
+        where = (r["layer"], r["tokens"], finalize)
+        assert p.decode == r["use_decode"], where
+        if p.decode:
+            assert [c.name() for c in p.configs] == r["decode_configs"], where
+            continue
+        assert p.family == r["family"] and dict(p.tiles) == r["tiles"], where
+        assert [c.name() for c in p.configs] == r[finalize]["configs"], where
+        assert p.splits == (r[finalize]["split_up"], r[finalize]["split_down"]), where
+        assert p.arch == "sm_90a"
+
+
+def test_routes_only_plans_never_decode():
+    for r in ROUTED:
+        call = _routed(r["layer"], r["tokens"], "deterministic")
+        call = MoECall(**{**call.__dict__, "routes_only": True})
+        p = provider.plan(call, _info(r["layer"]))
+        assert not p.decode and dict(p.tiles) == r["tiles"], (r["layer"], r["tokens"])
+        assert [c.name() for c in p.configs] == r["deterministic"]["configs"]
+
+
+def test_masked_plans_match_the_recorded_choices():
+    for r in MASKED:
+        L = REC["layers"][r["layer"]]
+        call = MaskedCall(L["e"], r["masked_capacity"], L["h"], L["i"], DT[L["dt"]], torch.device("cuda"),
+                          get_activation("swiglu"), L["scheme"])
+        p = provider.plan(call, _info(r["layer"]))
+        assert dict(p.tiles) == r["tiles"] and [c.name() for c in p.configs] == r["configs"], r
+        assert p.splits == (r["split_up"], r["split_down"]), r
+
+
+def test_plans_are_cached_and_follow_settings_and_overrides():
+    call, info = _routed("W1", 2048, "deterministic"), _info("W1")
+    assert provider.plan(call, info) is provider.plan(call, info)
+    with overrides.forced(0, 1):
+        p = provider.plan(call, info)
+        assert dict(p.tiles) == fam.CANDIDATES[0] and p.splits[0] == 1
+    from w4a16_moe import settings
+
+    with settings.override(batch_invariant=True):
+        assert provider.plan(call, info).splits == (1, 1)
+
+
+def test_sm_count_comes_from_the_device():
+    call = _routed("U", 1, "deterministic")
+    small = DeviceInfo("cuda", "small GPU", (9, 0), 16)
+    big = DeviceInfo("cuda", "small GPU", (9, 0), 132)
+    with overrides.forced(0):  # the rule's tiles and splits, no decode
+        assert provider.plan(call, small).splits != provider.plan(call, big).splits
+
+
+def test_converted_tuned_table_selects_the_same_tiles():
+    old = json.load(open(os.path.join(DATA, "tuned_rows_ed90ab0.json")))
+    table = fam._tuned_table()
+    assert set(table) == set(old)
+    for key, rows in old.items():
+        new = table[key]
+        assert [r.tokens for r in new] == [r["tokens"] for r in rows], key
+        for n, o in zip(new, rows):
+            assert (n.family, dict(n.tiles), n.splits) == (o["family"], o["tiles"], o["splits"]), (key, o)
+
+
+def test_every_tuned_row_records_its_provenance():
+    raw = json.load(open(tuned.TUNED_PATH))
+    for key, rows in raw["entries"].items():
+        for r in rows:
+            assert all(r.get(f) for f in ("device", "versions", "revision", "date")), (key, r)
+    for key, ent in raw["decode"].items():
+        assert all(ent.get(f) for f in ("device", "versions", "revision", "date")), key
+
+
+def test_unknown_candidate_is_a_clear_error(tmp_path):
+    raw = json.load(open(tuned.TUNED_PATH))
+    key = next(iter(raw["entries"]))
+    raw["entries"][key][0]["candidate"] = "t9_nonsense"
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"tuned table: .*row 0 .*unknown candidate 't9_nonsense'"):
+        fam._table(str(p))
+    raw["format"] = 1
+    p.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="format 1, expected 2"):
+        fam._table(str(p))
+
+
+def test_version_mismatch_is_logged(tmp_path, caplog):
+    raw = json.load(open(tuned.TUNED_PATH))
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(raw))
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="w4a16_moe"):
+        fam._table(str(p))
+    assert any("measured with other versions" in m for m in caplog.messages)
+
+
+def test_candidate_names_are_stable_and_distinct():
+    names = [tuned.candidate_name(t) for t in fam.CANDIDATES]
+    assert len(set(names)) == len(names)
+    assert tuned.candidate_name(fam.TILES[0][1]) == "t8_x2_k64_s4_w1_o4"
+    assert fam.candidate(names[70]) == fam.CANDIDATES[70] == fam.candidate(70)
