@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The one command that runs the GPU tests and the benchmarks on the GPU machine (see README, "Development").
-#   scripts/gpu.sh [tests] [bench] [bench-ep] [tune]   (default: tests bench)
+#   scripts/gpu.sh [build] [tests] [bench] [bench-ep] [tune] [sanitize] [ab]   (default: tests bench)
+# build: compile the kernels there (needs the CuTe DSL, e.g. staged by ../shared/tools/stage-cutlass-dsl into
+#        /tmp/site): .device/specs.json if present (scripts/device_specs.py), else the full subset, all cores;
+# sanitize: scripts/sanitize.sh (compute-sanitizer memcheck / initcheck / racecheck over every CuTe path);
+# ab: scripts/ab_bench.sh .device/old (W1/W2 of the previous revision in .device/old, alternating with this one).
 # Logs and results go to $OUT (default ./out): gpu_tests.log, bench.log, w1.{json,md,png}, w2.{json,md,png},
 # ep2.{json,md}, tune_w{1,2}_{small,large}.json. Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git
 # history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt [--specs .device/specs.json
@@ -21,6 +25,19 @@ rc=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
 for step in $steps; do
   case $step in
+    build)
+      specs=(--subset full)
+      [ -f .device/specs.json ] && specs=(--specs .device/specs.json)
+      python -m w4a16_moe aot --archs sm_90a "${specs[@]}" --out .device/prebuilt -j "$(nproc)" --no-progress 2>&1 \
+        | tail -n 5 | tee "$OUT/build.log"
+      rc=$((rc | ${PIPESTATUS[0]}))
+      export W4A16_MOE_PREBUILT_DIR=$PWD/.device/prebuilt W4A16_MOE_DISABLE_JIT=${W4A16_MOE_DISABLE_JIT:-1} ;;
+    sanitize)
+      scripts/sanitize.sh 2>&1 | tee "$OUT/sanitize.log"
+      rc=$((rc | ${PIPESTATUS[0]})) ;;
+    ab)
+      scripts/ab_bench.sh .device/old 2>&1 | tee "$OUT/ab.log"
+      rc=$((rc | ${PIPESTATUS[0]})) ;;
     tests)
       timeout "${TEST_TIMEOUT:-400}" python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
       rc=$((rc | ${PIPESTATUS[0]})) ;;
