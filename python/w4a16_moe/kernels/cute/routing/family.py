@@ -1,0 +1,108 @@
+"""The route-preparation / finalize kernels as the loader sees them: specs and variant sets.
+
+Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``w4a16_routing`` whose params are
+all fields of :class:`~.config.RoutingConfig`; the same specs feed JIT and AOT. The kernels use plain
+global loads / stores, shared-memory atomics and ``griddepcontrol`` (programmatic dependent launch), so
+they are built for SM90 and later (:data:`ARCHS`); a ``pdl=False`` spec also compiles for SM80-SM89.
+
+Which spec a call uses (:func:`route_config`, :func:`finalize_config`) depends only on host-side facts:
+the mode (from ``T * k`` and the layout), the ids dtype, the smallest :data:`~.config.E_PADS` entry above
+the local expert count, the output dtype, the finalize vector width (H and alignment) and PDL.
+
+This module imports neither ``cutlass`` nor the kernel module.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+from ....loader.spec import KernelSpec, config_codec
+from .config import E_PADS, FINALIZE_VECS, ROUTE_MODES, RoutingConfig
+
+__all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "masked_config",
+           "finalize_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY"]
+
+FAMILY = "w4a16_routing"
+#: SM90 and later (griddepcontrol); see the module docstring for SM80-SM89
+ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a")
+#: warps per CTA of each mode
+WARPS = {"single": 8, "hist": 8, "place": 8, "masked": 4, "finalize": 4}
+#: the line loader/spec.py's ``_BUILTIN_FAMILIES`` needs for this family
+REGISTRY_ENTRY = (
+    "w4a16_moe.kernels.cute.routing.family:_compile",
+    ("w4a16_moe.kernels.cute.routing.kernels", "w4a16_moe.kernels.cute.routing.config",
+     "w4a16_moe.kernels.cute.sm90_ptx"),
+)
+
+
+def _compile(spec: KernelSpec, arch: str):
+    """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
+    from .kernels import kernel_class
+
+    cfg = config_from_spec(spec)
+    return kernel_class(cfg.mode)(cfg, arch).compile(arch)
+
+
+spec_for, config_from_spec = config_codec(FAMILY, RoutingConfig)
+
+
+def e_pad_for(num_experts: int) -> int:
+    """The smallest table size holding ``num_experts`` entries plus the total (ValueError past the largest)."""
+    for p in E_PADS:
+        if num_experts + 1 <= p:
+            return p
+    raise ValueError(f"num_experts: the CuTe route preparation handles at most {E_PADS[-1] - 1} local experts, "
+                     f"got {num_experts} (use the Triton route preparation)")
+
+
+def route_config(mode: str, ids_dtype: str, num_experts: int, pdl: bool) -> RoutingConfig:
+    """Config of a route-preparation kernel (``mode`` in ``single`` / ``hist`` / ``place``)."""
+    if mode not in ROUTE_MODES:
+        raise ValueError(f"mode: expected one of {ROUTE_MODES}, got {mode!r}")
+    return RoutingConfig(mode=mode, ids=ids_dtype, e_pad=e_pad_for(num_experts), warps=WARPS[mode], pdl=pdl)
+
+
+def masked_config(pdl: bool) -> RoutingConfig:
+    return RoutingConfig(mode="masked", warps=WARPS["masked"], pdl=pdl)
+
+
+def finalize_config(dtype: str, source: str, vec: int, pdl: bool) -> RoutingConfig:
+    """``source``: ``"int32"`` / ``"int64"`` (validity from the ids) or ``"mask"`` (from a uint8 mask)."""
+    if source not in ("int32", "int64", "mask"):
+        raise ValueError(f"source: expected 'int32', 'int64' or 'mask', got {source!r}")
+    return RoutingConfig(mode="finalize", ids="int32" if source == "mask" else source, dtype=dtype,
+                         from_mask=source == "mask", vec=vec, warps=WARPS["finalize"], pdl=pdl)
+
+
+def variants(pdl: Iterable[bool] = (True, False), e_pads: Iterable[int] = E_PADS,
+             ids: Iterable[str] = ("int32", "int64"), dtypes: Iterable[str] = ("bf16", "fp16"),
+             vecs: Iterable[int] = FINALIZE_VECS, modes: Optional[Iterable[str]] = None) -> list:
+    """Every spec :mod:`.launch` can select (defaults: all of them), in a fixed order."""
+    modes = tuple(modes) if modes is not None else ("single", "hist", "place", "masked", "finalize")
+    cfgs = []
+    for p in pdl:
+        for m in modes:
+            if m in ROUTE_MODES:
+                cfgs += [RoutingConfig(mode=m, ids=i, e_pad=e, warps=WARPS[m], pdl=p) for i in ids for e in e_pads]
+            elif m == "masked":
+                cfgs.append(masked_config(p))
+            elif m == "finalize":
+                cfgs += [finalize_config(d, s, v, p) for d in dtypes for s in (*ids, "mask") for v in vecs]
+            else:
+                raise ValueError(f"modes: unknown mode {m!r}")
+    out, seen = [], set()
+    for c in cfgs:
+        s = spec_for(c)
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def aot_variants(subset: str) -> list:
+    """``"smoke"``: int32 ids, E_PAD 256, BF16, with PDL; ``"full"``: every variant."""
+    if subset == "full":
+        return variants()
+    if subset == "smoke":
+        return variants(pdl=(True,), e_pads=(256,), ids=("int32",), dtypes=("bf16",), vecs=(8,))
+    raise ValueError(f"subset: expected smoke or full, got {subset!r}")
