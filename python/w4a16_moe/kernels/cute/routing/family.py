@@ -20,7 +20,8 @@ from ....loader.spec import KernelSpec, config_codec
 from .config import E_PADS, FINALIZE_VECS, ROUTE_MODES, RoutingConfig
 
 __all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "masked_config",
-           "finalize_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY"]
+           "finalize_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY",
+           "ensure_registered"]
 
 FAMILY = "w4a16_routing"
 #: SM90 and later (griddepcontrol); see the module docstring for SM80-SM89
@@ -106,3 +107,11 @@ def aot_variants(subset: str) -> list:
     if subset == "smoke":
         return variants(pdl=(True,), e_pads=(256,), ids=("int32",), dtypes=("bf16",), vecs=(8,))
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
+
+
+def ensure_registered() -> None:
+    """Register the family with the loader unless loader/spec.py's built-in registry already names it."""
+    from ....loader.spec import register_family, registered_families
+
+    if FAMILY not in registered_families():
+        register_family(FAMILY, REGISTRY_ENTRY[0], sources=REGISTRY_ENTRY[1])

@@ -174,6 +174,12 @@ class _Base:
         self.arch = arch
         return cute.compile(self, *self.fake_args(), options=f"--gpu-arch {arch}")
 
+    @cute.jit
+    def _zero(self, addr, begin, end, step, start):
+        """``addr[i] = 0`` (int32) for ``i`` in ``begin + start, begin + start + step, ...`` below ``end``."""
+        for i in cutlass.range(begin + start, end, step, unroll=1):
+            ptx.st_global_b32(addr + Int64(i) * 4, Int32(0))
+
 
 class _RouteBase(_Base):
     """Shared pieces of the three route-preparation kernels (``e_pad`` shared-memory tables)."""
@@ -206,12 +212,6 @@ class _RouteBase(_Base):
                     ok = Int32(1)
                     local = v - expert_offset
         return ok, local
-
-    @cute.jit
-    def _zero(self, addr, begin, end, step, start):
-        """``addr[i] = 0`` (int32) for ``i`` in ``begin + start, begin + start + step, ...`` below ``end``."""
-        for i in cutlass.range(begin + start, end, step, unroll=1):
-            ptx.st_global_b32(addr + Int64(i) * 4, Int32(0))
 
     @cute.jit
     def _count(self, ids_addr, start, end, expert_offset, num_experts, cnt, tidx):
@@ -311,11 +311,14 @@ class RoutePrepSingle(_RouteBase):
     """
 
     @cute.jit
-    def __call__(self, ids: cute.Pointer, block_info: cute.Pointer, sorted_routes: cute.Pointer,
-                 zeroed: cute.Pointer, route_start: cute.Pointer, block_start: cute.Pointer,
-                 unused0: cute.Pointer, unused1: cute.Pointer, unused2: cute.Pointer,
-                 num_experts: Int32, expert_offset: Int32, block_m: Int32, num_routes: Int32, num_zero: Int32,
-                 num_blocks: Int32, unused3: Int32, stream: cuda.CUstream):
+    def __call__(self, w: cute.Pointer, act: cute.Pointer, out: cute.Pointer, sorted_routes: cute.Pointer,
+                 route_start: cute.Pointer, block_start: cute.Pointer, topk_weights: cute.Pointer,
+                 ws: cute.Pointer, counters: cute.Pointer, num_experts: Int32, n: Int32, k: Int32,
+                 num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
+        # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
+        ids, block_info, zeroed = w, act, sorted_routes
+        sorted_ = out
+        expert_offset, block_m, num_zero, num_blocks = n, k, top_k, max_tiles
         @cute.struct
         class Storage:
             cnt: cute.struct.Align[cute.struct.MemRange[Int32, self.E_PAD], 16]
@@ -325,7 +328,7 @@ class RoutePrepSingle(_RouteBase):
             wsum: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.W], 16]
 
         self.storage_cls = Storage
-        self.kernel(ids, block_info, sorted_routes, zeroed, route_start, block_start, num_experts, expert_offset,
+        self.kernel(ids, block_info, sorted_, zeroed, route_start, block_start, num_experts, expert_offset,
                     block_m, num_routes, num_zero, num_blocks).launch(
             grid=[1, 1, 1], block=[self.threads, 1, 1], stream=stream)
 
@@ -369,10 +372,13 @@ class RouteHist(_RouteBase):
     """
 
     @cute.jit
-    def __call__(self, ids: cute.Pointer, unused0: cute.Pointer, unused1: cute.Pointer, zeroed: cute.Pointer,
-                 unused2: cute.Pointer, unused3: cute.Pointer, unused4: cute.Pointer, hist: cute.Pointer,
-                 unused5: cute.Pointer, num_experts: Int32, expert_offset: Int32, unused6: Int32,
-                 num_routes: Int32, num_zero: Int32, unused7: Int32, span: Int32, stream: cuda.CUstream):
+    def __call__(self, w: cute.Pointer, act: cute.Pointer, out: cute.Pointer, sorted_routes: cute.Pointer,
+                 route_start: cute.Pointer, block_start: cute.Pointer, topk_weights: cute.Pointer,
+                 ws: cute.Pointer, counters: cute.Pointer, num_experts: Int32, n: Int32, k: Int32,
+                 num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
+        # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
+        ids, zeroed, hist = w, sorted_routes, ws
+        expert_offset, num_zero, span = n, top_k, num_splits
         @cute.struct
         class Storage:
             cnt: cute.struct.Align[cute.struct.MemRange[Int32, self.E_PAD], 16]
@@ -418,11 +424,13 @@ class RoutePlace(_RouteBase):
     """
 
     @cute.jit
-    def __call__(self, ids: cute.Pointer, block_info: cute.Pointer, sorted_routes: cute.Pointer,
-                 unused0: cute.Pointer, route_start: cute.Pointer, block_start: cute.Pointer,
-                 unused1: cute.Pointer, hist: cute.Pointer, unused2: cute.Pointer, num_experts: Int32,
-                 expert_offset: Int32, block_m: Int32, num_routes: Int32, unused3: Int32, num_blocks: Int32,
-                 span: Int32, stream: cuda.CUstream):
+    def __call__(self, w: cute.Pointer, act: cute.Pointer, out: cute.Pointer, sorted_routes: cute.Pointer,
+                 route_start: cute.Pointer, block_start: cute.Pointer, topk_weights: cute.Pointer,
+                 ws: cute.Pointer, counters: cute.Pointer, num_experts: Int32, n: Int32, k: Int32,
+                 num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
+        # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
+        ids, block_info, sorted_, hist = w, act, out, ws
+        expert_offset, block_m, num_blocks, span = n, k, max_tiles, num_splits
         @cute.struct
         class Storage:
             cnt: cute.struct.Align[cute.struct.MemRange[Int32, self.E_PAD], 16]
@@ -433,7 +441,7 @@ class RoutePlace(_RouteBase):
 
         self.storage_cls = Storage
         programs = (num_routes + span - 1) // span
-        self.kernel(ids, block_info, sorted_routes, route_start, block_start, hist, num_experts, expert_offset,
+        self.kernel(ids, block_info, sorted_, route_start, block_start, hist, num_experts, expert_offset,
                     block_m, num_routes, num_blocks, span).launch(
             grid=[programs, 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl)
 
@@ -494,17 +502,19 @@ class MaskedRoutePrep(_Base):
     """
 
     @cute.jit
-    def __call__(self, masked_m: cute.Pointer, unused0: cute.Pointer, out: cute.Pointer,
-                 sorted_routes: cute.Pointer, route_start: cute.Pointer, block_start: cute.Pointer,
-                 unused1: cute.Pointer, zeroed: cute.Pointer, unused2: cute.Pointer, num_experts: Int32,
-                 hidden: Int32, block_m: Int32, cap: Int32, num_zero: Int32, unused3: Int32, unused4: Int32,
-                 stream: cuda.CUstream):
+    def __call__(self, w: cute.Pointer, act: cute.Pointer, out: cute.Pointer, sorted_routes: cute.Pointer,
+                 route_start: cute.Pointer, block_start: cute.Pointer, topk_weights: cute.Pointer,
+                 ws: cute.Pointer, counters: cute.Pointer, num_experts: Int32, n: Int32, k: Int32,
+                 num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
+        # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
+        masked_m, sorted_, zeroed = w, sorted_routes, ws
+        hidden, block_m, cap, num_zero = n, k, num_routes, top_k
         @cute.struct
         class Storage:
             wsum: cute.struct.Align[cute.struct.MemRange[Int32, 2 * self.W], 16]
 
         self.storage_cls = Storage
-        self.kernel(masked_m, out, sorted_routes, route_start, block_start, zeroed, num_experts, hidden, block_m,
+        self.kernel(masked_m, out, sorted_, route_start, block_start, zeroed, num_experts, hidden, block_m,
                     cap, num_zero).launch(
             grid=[num_experts, (cap + MASKED_ROWS - 1) // MASKED_ROWS, 1], block=[self.threads, 1, 1],
             stream=stream)
@@ -610,10 +620,13 @@ class Finalize(_Base):
         return [ids, half, half, cutlass.Uint8, Int32, Int32, Float32, Int32, Int32]
 
     @cute.jit
-    def __call__(self, ids: cute.Pointer, ybuf: cute.Pointer, out: cute.Pointer, valid: cute.Pointer,
-                 unused0: cute.Pointer, unused1: cute.Pointer, topk_weights: cute.Pointer, unused2: cute.Pointer,
-                 unused3: cute.Pointer, num_experts: Int32, hidden: Int32, unused4: Int32, tokens: Int32,
-                 top_k: Int32, expert_offset: Int32, unused5: Int32, stream: cuda.CUstream):
+    def __call__(self, w: cute.Pointer, act: cute.Pointer, out: cute.Pointer, sorted_routes: cute.Pointer,
+                 route_start: cute.Pointer, block_start: cute.Pointer, topk_weights: cute.Pointer,
+                 ws: cute.Pointer, counters: cute.Pointer, num_experts: Int32, n: Int32, k: Int32,
+                 num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
+        # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
+        ids, ybuf, valid = w, act, sorted_routes
+        hidden, tokens, expert_offset = n, num_routes, max_tiles
         cols = self.threads * self.V
         self.kernel(ids, ybuf, out, valid, topk_weights, num_experts, hidden, top_k, expert_offset).launch(
             grid=[tokens, (hidden + cols - 1) // cols, 1], block=[self.threads, 1, 1], stream=stream,
