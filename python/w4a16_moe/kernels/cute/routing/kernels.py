@@ -14,14 +14,14 @@ updated with ``atom.shared.add`` (no global workspace besides ``hist`` of the tw
 * :class:`RouteHist` (``hist``, P CTAs): CTA ``p`` counts the routes of its span into row ``p`` of
   ``hist [P, E_PAD]`` (every entry written) and zeroes its share of ``zeroed``.
 * :class:`RoutePlace` (``place``, P CTAs, launched with PDL): sums the ``hist`` rows (all: the totals;
-  those before ``p``: where its routes of each expert start), scans, and scatters its span; CTA 0 writes
-  the tables.
+  those before ``p``: where its routes of each expert start), scans, writes its share of ``block_info``
+  (CTA 0 also ``route_start`` / ``block_start``) and scatters its span.
 * :class:`MaskedRoutePrep` (``masked``, grid ``(E, cdiv(cap, 16))``): the masked layout's prefix sums,
   route ids and zeroed dead rows of ``out``; also zeroes ``zeroed`` (the Triton path memsets it).
 * :class:`Finalize` (``finalize``, grid ``(T, cdiv(H, 32 * warps * vec))``): ``out[t] = sum_j w[t, j] *
-  y[t*k + j]`` over the valid routes, ``j = 0 .. k-1``, in FP32 with ``mul.rn`` / ``add.rn`` (an invalid
-  route adds ``+0.0``, as ``tl.where(valid, w * y, 0.0)`` does) and one ``cvt.rn`` at the end: the Triton
-  finalize's operations in its order.
+  y[t*k + j]`` over the valid routes, ``j = 0 .. k-1``, in FP32, one ``cvt.rn`` at the end: the operations
+  of the Triton finalize's PTX in its order (``j = 0``: ``valid ? fma.rn(w, y, 0) : 0``; then ``acc +
+  (valid ? w * y : 0)`` with ``mul.rn`` and ``add.rn``; an invalid route adds ``+0.0``).
 
 ``block_info`` rows are written as 16 bytes ``(expert, row_begin, row_end, 0)``.
 """
@@ -115,6 +115,13 @@ def atom_shared_add(addr, v, *, loc=None, ip=None) -> Int32:
 def mul_rn(a, b, *, loc=None, ip=None) -> Float32:
     r = llvm.inline_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
                         "mul.rn.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, loc=loc, ip=ip)
+    return Float32(r)
+
+
+@dsl_user_op
+def fma_rn(a, b, c, *, loc=None, ip=None) -> Float32:
+    r = llvm.inline_asm(T.f32(), [Float32(v).ir_value(loc=loc, ip=ip) for v in (a, b, c)],
+                        "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f", has_side_effects=False, loc=loc, ip=ip)
     return Float32(r)
 
 
@@ -276,14 +283,16 @@ class _RouteBase(_Base):
 
     @cute.jit
     def _write_tables(self, rbeg, bbeg, cnt, num_experts, block_m, route_start, block_start, block_info,
-                      num_blocks, tidx):
-        """``route_start`` / ``block_start`` (entries ``0 .. E``) and every row of ``block_info``: block
-        ``b`` below the block total belongs to the last expert ``e < E`` with ``bbeg[e] <= b``."""
-        for e in cutlass.range(tidx, num_experts + 1, self.threads, unroll=1):
-            ptx.st_global_b32(route_start + Int64(e) * 4, ptx.ld_shared_b32(rbeg + e * 4))
-            ptx.st_global_b32(block_start + Int64(e) * 4, ptx.ld_shared_b32(bbeg + e * 4))
+                      num_blocks, tidx, starts, b_first, b_step):
+        """``route_start`` / ``block_start`` (entries ``0 .. E``; when ``starts`` != 0) and the rows ``b_first,
+        b_first + b_step, ...`` of ``block_info``: block ``b`` below the block total belongs to the last expert
+        ``e < E`` with ``bbeg[e] <= b``."""
+        if starts != 0:
+            for e in cutlass.range(tidx, num_experts + 1, self.threads, unroll=1):
+                ptx.st_global_b32(route_start + Int64(e) * 4, ptx.ld_shared_b32(rbeg + e * 4))
+                ptx.st_global_b32(block_start + Int64(e) * 4, ptx.ld_shared_b32(bbeg + e * 4))
         total = ptx.ld_shared_b32(bbeg + num_experts * 4)
-        for b in cutlass.range(tidx, num_blocks, self.threads, unroll=1):
+        for b in cutlass.range(b_first, num_blocks, b_step, unroll=1):
             ex = num_experts
             r0 = Int32(0)
             r1 = Int32(0)
@@ -354,7 +363,7 @@ class RoutePrepSingle(_RouteBase):
         cute.arch.sync_threads()
         self._scan(cnt, rbeg, bbeg, wsum, block_m, tidx)
         self._write_tables(rbeg, bbeg, cnt, num_experts, block_m, route_start.toint(), block_start.toint(),
-                           block_info.toint(), num_blocks, tidx)
+                           block_info.toint(), num_blocks, tidx, Int32(1), tidx, Int32(self.threads))
         for e in cutlass.range(tidx, self.E_PAD, self.threads, unroll=1):
             ptx.st_shared_b32(cur + e * 4, ptx.ld_shared_b32(rbeg + e * 4))
         cute.arch.sync_threads()
@@ -420,7 +429,8 @@ class RoutePlace(_RouteBase):
     Slots: ``(ids, block_info [B, 4], sorted [R], -, route_start, block_start, -, hist [P, e_pad], -;
     num_experts, expert_offset, block_m, R, -, num_blocks, span)``. Grid ``(P,)`` as :class:`RouteHist`.
     Launched with PDL when ``pdl``: ``griddepcontrol.wait`` before reading ``hist``, then triggers its
-    dependents. Constraints: those of :class:`RoutePrepSingle` and :class:`RouteHist`.
+    dependents. Every CTA scans the totals; CTA ``p`` writes ``block_info`` rows ``p*threads + i*P*threads
+    + tid``. Constraints: those of :class:`RoutePrepSingle` and :class:`RouteHist`.
     """
 
     @cute.jit
@@ -477,9 +487,10 @@ class RoutePlace(_RouteBase):
             ptx.st_shared_b32(cur + e * 4, bef)
         cute.arch.sync_threads()
         self._scan(cnt, rbeg, bbeg, wsum, block_m, tidx)
-        if p == 0:
-            self._write_tables(rbeg, bbeg, cnt, num_experts, block_m, route_start.toint(), block_start.toint(),
-                               block_info.toint(), num_blocks, tidx)
+        # every CTA holds the whole scan: the block table is split over the CTAs, CTA 0 writes the starts
+        self._write_tables(rbeg, bbeg, cnt, num_experts, block_m, route_start.toint(), block_start.toint(),
+                           block_info.toint(), num_blocks, tidx, Int32(p == 0), p * self.threads + tidx,
+                           nprog * self.threads)
         for e in cutlass.range(tidx, self.E_PAD, self.threads, unroll=1):
             ptx.st_shared_b32(cur + e * 4, ptx.ld_shared_b32(cur + e * 4) + ptx.ld_shared_b32(rbeg + e * 4))
         cute.arch.sync_threads()
@@ -651,6 +662,33 @@ class Finalize(_Base):
                     ok = Int32(1)
         return ok
 
+    @cute.jit
+    def _term(self, acc, ids, ybuf, valid, topk_weights, num_experts, hidden, expert_offset, route, col,
+              first: cutlass.Constexpr):
+        """Add route ``route``'s term to ``acc`` (``first``: ``acc`` holds zeros; see the kernel)."""
+        V = self.V
+        ok = self._valid(ids.toint(), valid.toint(), route, num_experts, expert_offset)
+        w = ptx.i32_as_f32(ld_b32(topk_weights.toint() + route * 4))
+        if ok != 0:
+            src = ybuf.toint() + (route * Int64(hidden) + Int64(col)) * 2
+            ys = cute.make_rmem_tensor((V,), Float32)
+            if const_expr(V == 8):
+                words = ld_v4(src)
+                for i in cutlass.range_constexpr(4):
+                    ys[2 * i] = half_to_f32(words[i], False, self.is_bf16)
+                    ys[2 * i + 1] = half_to_f32(words[i], True, self.is_bf16)
+            else:
+                ys[0] = half_to_f32(ld_u16(src), False, self.is_bf16)
+            for i in cutlass.range_constexpr(V):
+                if const_expr(first):
+                    acc[i] = fma_rn(w, ys[i], Float32(0.0))
+                else:
+                    acc[i] = add_rn(acc[i], mul_rn(w, ys[i]))
+        else:
+            if const_expr(not first):
+                for i in cutlass.range_constexpr(V):
+                    acc[i] = add_rn(acc[i], Float32(0.0))
+
     @cute.kernel
     def kernel(self, ids: cute.Pointer, ybuf: cute.Pointer, out: cute.Pointer, valid: cute.Pointer,
                topk_weights: cute.Pointer, num_experts: Int32, hidden: Int32, top_k: Int32, expert_offset: Int32):
@@ -663,24 +701,14 @@ class Finalize(_Base):
         if col < hidden:
             acc = cute.make_rmem_tensor((V,), Float32)
             acc.fill(0.0)
-            for j in cutlass.range(top_k, unroll=1):
-                route = Int64(t) * Int64(top_k) + Int64(j)
-                ok = self._valid(ids.toint(), valid.toint(), route, num_experts, expert_offset)
-                w = ptx.i32_as_f32(ld_b32(topk_weights.toint() + route * 4))
-                if ok != 0:
-                    src = ybuf.toint() + (route * Int64(hidden) + Int64(col)) * 2
-                    if const_expr(V == 8):
-                        words = ld_v4(src)
-                        for i in cutlass.range_constexpr(4):
-                            acc[2 * i] = add_rn(acc[2 * i], mul_rn(w, half_to_f32(words[i], False, self.is_bf16)))
-                            acc[2 * i + 1] = add_rn(acc[2 * i + 1],
-                                                    mul_rn(w, half_to_f32(words[i], True, self.is_bf16)))
-                    else:
-                        y = half_to_f32(ld_u16(src), False, self.is_bf16)
-                        acc[0] = add_rn(acc[0], mul_rn(w, y))
-                else:
-                    for i in cutlass.range_constexpr(V):
-                        acc[i] = add_rn(acc[i], Float32(0.0))
+            # j = 0 peeled: Triton folds its zero-initialized accumulator into that term (``0 + where(v, w*y,
+            # 0)`` becomes ``v ? fma.rn(w, y, 0) : 0``, which differs from ``(w*y) + 0`` when w*y underflows
+            # to -0); the later terms are ``acc + (v ? w*y : 0)`` with a separate multiply and add
+            self._term(acc, ids, ybuf, valid, topk_weights, num_experts, hidden, expert_offset,
+                       Int64(t) * Int64(top_k), col, True)
+            for j in cutlass.range(1, top_k, unroll=1):
+                self._term(acc, ids, ybuf, valid, topk_weights, num_experts, hidden, expert_offset,
+                           Int64(t) * Int64(top_k) + Int64(j), col, False)
             dst = out.toint() + (Int64(t) * Int64(hidden) + Int64(col)) * 2
             if const_expr(V == 8):
                 ptx.st_global_v4(dst, ptx.pack2_16(acc[0], acc[1], self.is_bf16),
