@@ -40,7 +40,7 @@ def test_every_selectable_config_is_a_variant():
     specs = set(family.variants())
     for pdl in (True, False):
         for ids in ("int32", "int64"):
-            for e in (1, 63, 64, 255, 384, 1023):
+            for e in (1, 63, 64, 127, 128, 255, 256, 384, 511, 1023):
                 for mode in ("single", "hist", "place"):
                     assert family.spec_for(family.route_config(mode, ids, e, pdl)) in specs
         assert family.spec_for(family.masked_config(pdl)) in specs
@@ -51,7 +51,8 @@ def test_every_selectable_config_is_a_variant():
 
 
 def test_bad_configs_are_named():
-    assert family.e_pad_for(63) == 64 and family.e_pad_for(64) == 256 and family.e_pad_for(1023) == 1024
+    assert family.e_pad_for(63) == 64 and family.e_pad_for(64) == 128 and family.e_pad_for(256) == 512
+    assert family.e_pad_for(1023) == 1024
     with pytest.raises(ValueError, match="num_experts"):
         family.e_pad_for(E_PADS[-1])
     with pytest.raises(ValueError, match="mode"):

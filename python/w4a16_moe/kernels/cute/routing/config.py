@@ -16,7 +16,7 @@ __all__ = ["RoutingConfig", "MODES", "E_PADS", "FINALIZE_VECS", "ROUTE_MODES"]
 MODES = ("single", "hist", "place", "masked", "finalize")
 ROUTE_MODES = ("single", "hist", "place")
 #: shared-memory table sizes of the route modes (entries; at least num_experts + 1)
-E_PADS = (64, 256, 1024)
+E_PADS = (64, 128, 256, 512, 1024)
 #: columns per thread of the finalize (8: 16-byte accesses, needs H % 8 == 0 and 16-byte aligned rows)
 FINALIZE_VECS = (8, 1)
 

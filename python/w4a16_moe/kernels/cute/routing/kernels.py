@@ -476,13 +476,12 @@ class RoutePlace(_RouteBase):
         for e in cutlass.range(tidx, self.E_PAD, self.threads, unroll=1):
             tot = Int32(0)
             bef = Int32(0)
-            for q in cutlass.range(nprog, unroll=4):
-                v = ld_b32(h + (Int64(q) * self.E_PAD + Int64(e)) * 4)
-                tot = tot + v
-                if q < p:
-                    bef = bef + v
-            if e >= num_experts:
-                tot = Int32(0)
+            if e < num_experts:  # entries past E are zero in every row
+                for q in cutlass.range(nprog, unroll=4):
+                    v = ld_b32(h + (Int64(q) * self.E_PAD + Int64(e)) * 4)
+                    tot = tot + v
+                    if q < p:
+                        bef = bef + v
             ptx.st_shared_b32(cnt + e * 4, tot)
             ptx.st_shared_b32(cur + e * 4, bef)
         cute.arch.sync_threads()
