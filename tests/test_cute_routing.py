@@ -50,6 +50,14 @@ def test_every_selectable_config_is_a_variant():
                     assert family.spec_for(family.finalize_config(dt, src, vec, pdl)) in specs
 
 
+def test_warmup_configs_are_variants():
+    from w4a16_moe.kernels.cute.routing import launch
+
+    specs = set(family.variants())
+    cfgs = launch.configs_for(384, torch.device("cpu"))
+    assert len(cfgs) == 6 + 12 + 1 and {family.spec_for(c) for c in cfgs} <= specs
+
+
 def test_bad_configs_are_named():
     assert family.e_pad_for(63) == 64 and family.e_pad_for(64) == 128 and family.e_pad_for(256) == 512
     assert family.e_pad_for(1023) == 1024
@@ -260,7 +268,7 @@ def test_route_plan_skewed_and_empty():
 def test_route_plan_in_graph_capture():
     launch = _launch()
     ids = _random_ids(64, 8, 256, 0, torch.int32, seed=1)
-    launch.prepare_routes_cute(ids, 256, 0, 64, zeroed=8)  # load the kernel first
+    assert len(launch.warm(256, ids.device)) == 19  # load the kernels first
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         plan = launch.prepare_routes_cute(ids, 256, 0, 64, zeroed=8)

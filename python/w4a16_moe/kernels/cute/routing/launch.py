@@ -39,7 +39,8 @@ from .... import settings
 from . import family
 from .config import RoutingConfig
 
-__all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "SMALL_ROUTES"]
+__all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "SMALL_ROUTES", "configs_for",
+           "warm", "pdl_supported", "num_row_blocks"]
 
 #: routes up to which the single-CTA preparation is used (as the Triton path)
 SMALL_ROUTES = 4096
@@ -247,3 +248,29 @@ def launch_finalize_cute(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: to
     cfg = family.finalize_config(dt, source, vec, pdl_supported(dev))
     _run(cfg, dev, (ids, ybuf, out, mask, out, out, topk_weights, out, out),
          (num_experts, hidden, 0, tokens, top_k, expert_offset, 0))
+
+
+def configs_for(num_experts: int, device: torch.device, ids_dtypes=(torch.int32, torch.int64),
+                dtypes=(torch.bfloat16, torch.float16), masked: bool = True) -> list:
+    """Every config a call with ``num_experts`` local experts on ``device`` may launch (for warmup)."""
+    pdl = pdl_supported(device)
+    ids = [_ids_dtype(torch.empty(0, dtype=d)) for d in ids_dtypes]
+    cfgs = [family.route_config(m, i, num_experts, pdl) for i in ids for m in ("single", "hist", "place")]
+    names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+    cfgs += [family.finalize_config(names[d], s, v, pdl) for d in dtypes for s in (*ids, "mask") for v in (8, 1)]
+    if masked:
+        cfgs.append(family.masked_config(pdl))
+    return cfgs
+
+
+def warm(num_experts: int, device: torch.device, **kw) -> list:
+    """Load (prebuilt / JIT cache / JIT) every kernel of :func:`configs_for` before CUDA-graph capture;
+    returns their spec names."""
+    arch = _arch(device)
+    out = []
+    for cfg in configs_for(num_experts, device, **kw):
+        k = _kernel(cfg, arch)
+        k.ensure_loaded()
+        _launcher(cfg, arch)
+        out.append(k.name)
+    return out
