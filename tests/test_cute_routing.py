@@ -82,6 +82,16 @@ def test_family_modules_do_not_import_the_dsl():
     assert out.stdout.strip() == "False"
 
 
+def test_module_fits_the_aot_build():
+    from w4a16_moe import aot
+
+    fams, absent = aot.load_families(("w4a16_moe.kernels.cute.routing.family",))
+    assert not absent and len(fams) == 1
+    f = fams[0]
+    assert f.name == family.FAMILY and "sm_90a" in f.archs
+    assert len(f.variants("smoke")) == 6 and len(f.variants("full")) == len(family.variants())
+
+
 def test_registry_entry_resolves():
     from w4a16_moe.loader.spec import get_family
 

@@ -26,6 +26,8 @@ __all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "m
 FAMILY = "w4a16_routing"
 #: SM90 and later (griddepcontrol); see the module docstring for SM80-SM89
 ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a")
+#: instructions every kernel must contain (the AOT SASS check): none; local memory is still refused
+SASS_EXPECT = ()
 #: warps per CTA of each mode
 WARPS = {"single": 8, "hist": 8, "place": 8, "masked": 4, "finalize": 4}
 #: the line loader/spec.py's ``_BUILTIN_FAMILIES`` needs for this family

@@ -155,7 +155,7 @@ def cvt16(v, is_bf16: bool, *, loc=None, ip=None) -> Int32:
 
 # ----------------------------------------------------------------------------------------------------------
 class _Base:
-    """Static config + fake arguments + compile; subclasses define ``PTRS`` (the dtypes of the nine
+    """Static config + fake arguments + compile; subclasses define ``ptr_types`` (the dtypes of the nine
     pointers), ``__call__`` and the kernel."""
 
     def __init__(self, cfg: RoutingConfig, arch: str = "sm_90a"):

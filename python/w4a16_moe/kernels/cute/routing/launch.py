@@ -7,21 +7,20 @@ routes inside an expert is arbitrary in both). They launch prebuilt kernels of f
 (:mod:`.family`) through the loader: the stable-ABI torch op when available, else ctypes. Never synchronize;
 CUDA-graph capturable once each kernel is loaded.
 
-Launch slots (the family ABI: nine tensors, seven ints; ``-`` = unused, any CUDA tensor / 0):
+Launch slots (the family ABI: nine tensors ``(w, act, out, sorted_routes, route_start, block_start,
+topk_weights, ws, counters)`` then seven ints ``(num_experts, n, k, num_routes, top_k, max_tiles,
+num_splits)``; ``-`` = unused: any CUDA tensor of the device / 0)::
 
-========== ======================================================== ============================================
-mode       tensors (w, act, out, sorted_routes, route_start,          ints (num_experts, n, k, num_routes, top_k,
-           block_start, topk_weights, ws, counters)                    max_tiles, num_splits)
-========== ======================================================== ============================================
-single     ids, block_info, sorted, zeroed, route_start, block_start, E, expert_offset, block_m, R, num_zero,
-           -, -, -                                                    num_blocks, -
-hist       ids, -, -, zeroed, -, -, -, hist, -                        E, expert_offset, -, R, num_zero, -, span
-place      ids, block_info, sorted, -, route_start, block_start, -,   E, expert_offset, block_m, R, -, num_blocks,
-           hist, -                                                    span
-masked     masked_m, -, out, sorted, route_start, block_start, -,     E, H, block_m, cap, num_zero, -, -
-           zeroed, -
-finalize   ids, ybuf, out, valid (uint8), -, -, topk_weights, -, -    E, H, -, T, top_k, expert_offset, -
-========== ======================================================== ============================================
+    single    ids, block_info, sorted, zeroed, route_start, block_start, -, -, -
+              E, expert_offset, block_m, R, num_zero, num_blocks, -
+    hist      ids, -, -, zeroed, -, -, -, hist, -
+              E, expert_offset, -, R, num_zero, -, span
+    place     ids, block_info, sorted, -, route_start, block_start, -, hist, -
+              E, expert_offset, block_m, R, -, num_blocks, span
+    masked    masked_m, -, out, sorted, route_start, block_start, -, zeroed, -
+              E, H, block_m, cap, num_zero, -, -
+    finalize  ids, ybuf, out, valid (uint8), -, -, topk_weights, -, -
+              E, H, -, T, top_k, expert_offset, -
 
 Differences from the Triton path that do not change the contract: ``block_info[:, 3]`` is written (0);
 the masked path zeroes ``zeroed`` inside its kernel instead of a memset; local expert counts are limited to
