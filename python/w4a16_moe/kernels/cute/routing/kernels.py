@@ -45,6 +45,8 @@ __all__ = ["RoutePrepSingle", "RouteHist", "RoutePlace", "MaskedRoutePrep", "Fin
 
 #: rows of one expert handled by a CTA of the masked preparation
 MASKED_ROWS = 16
+#: routes per thread whose ids are loaded together before the shared atomics that use them
+ROUTE_UNROLL = 8
 
 
 def _i32(x, loc, ip):
@@ -221,21 +223,40 @@ class _RouteBase(_Base):
         return ok, local
 
     @cute.jit
+    def _batch(self, ids_addr, r0, end, expert_offset, num_experts, oks, locs, tidx):
+        """Validity and local expert of routes ``r0 + i * threads + tidx`` (``i < ROUTE_UNROLL``; past ``end``:
+        invalid), all loads issued before any result is used."""
+        for i in cutlass.range_constexpr(ROUTE_UNROLL):
+            r = r0 + i * self.threads + tidx
+            ok = Int32(0)
+            local = Int32(0)
+            if r < end:
+                ok, local = self._local(ids_addr, r, expert_offset, num_experts)
+            oks[i] = ok
+            locs[i] = local
+
+    @cute.jit
     def _count(self, ids_addr, start, end, expert_offset, num_experts, cnt, tidx):
         """``cnt[local expert] += 1`` (shared) for every valid route in ``[start, end)``."""
-        for r in cutlass.range(start + tidx, end, self.threads, unroll=1):
-            ok, local = self._local(ids_addr, r, expert_offset, num_experts)
-            if ok != 0:
-                atom_shared_add(cnt + local * 4, 1)
+        oks = cute.make_rmem_tensor((ROUTE_UNROLL,), Int32)
+        locs = cute.make_rmem_tensor((ROUTE_UNROLL,), Int32)
+        for r0 in cutlass.range(start, end, self.threads * ROUTE_UNROLL, unroll=1):
+            self._batch(ids_addr, r0, end, expert_offset, num_experts, oks, locs, tidx)
+            for i in cutlass.range_constexpr(ROUTE_UNROLL):
+                if oks[i] != 0:
+                    atom_shared_add(cnt + locs[i] * 4, 1)
 
     @cute.jit
     def _scatter(self, ids_addr, start, end, expert_offset, num_experts, cur, sorted_addr, tidx):
         """Every valid route ``r`` of ``[start, end)`` to ``sorted[cur[local]++]`` (shared atomics)."""
-        for r in cutlass.range(start + tidx, end, self.threads, unroll=1):
-            ok, local = self._local(ids_addr, r, expert_offset, num_experts)
-            if ok != 0:
-                pos = atom_shared_add(cur + local * 4, 1)
-                ptx.st_global_b32(sorted_addr + Int64(pos) * 4, r)
+        oks = cute.make_rmem_tensor((ROUTE_UNROLL,), Int32)
+        locs = cute.make_rmem_tensor((ROUTE_UNROLL,), Int32)
+        for r0 in cutlass.range(start, end, self.threads * ROUTE_UNROLL, unroll=1):
+            self._batch(ids_addr, r0, end, expert_offset, num_experts, oks, locs, tidx)
+            for i in cutlass.range_constexpr(ROUTE_UNROLL):
+                if oks[i] != 0:
+                    pos = atom_shared_add(cur + locs[i] * 4, 1)
+                    ptx.st_global_b32(sorted_addr + Int64(pos) * 4, r0 + i * self.threads + tidx)
 
     @cute.jit
     def _scan(self, cnt, rbeg, bbeg, wsum, block_m, tidx):
