@@ -117,3 +117,30 @@ def ensure_registered() -> None:
 
     if FAMILY not in registered_families():
         register_family(FAMILY, REGISTRY_ENTRY[0], sources=REGISTRY_ENTRY[1])
+
+
+def main(argv=None) -> int:
+    """``python -m w4a16_moe.kernels.cute.routing.family --arch sm_90a --prebuilt-dir DIR [--subset full]``:
+    build this family's kernels into a prebuilt directory (``W4A16_MOE_PREBUILT_DIR=DIR`` then serves them;
+    for GPU tests before the family is part of the AOT build)."""
+    import argparse
+    import json
+    import tempfile
+
+    from ....loader import build
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--prebuilt-dir", required=True)
+    ap.add_argument("--subset", default="full", choices=("smoke", "full"))
+    ap.add_argument("-j", "--jobs", type=int, default=1)
+    a = ap.parse_args(argv)
+    ensure_registered()
+    build.preload_dsl_runtime()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([s.to_json() for s in aot_variants(a.subset)], f)
+    return build.main(["--arch", a.arch, "--specs", f.name, "--prebuilt-dir", a.prebuilt_dir, "-j", str(a.jobs)])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -304,11 +304,11 @@ class _RouteBase(_Base):
 
     @cute.jit
     def _write_tables(self, rbeg, bbeg, cnt, num_experts, block_m, route_start, block_start, block_info,
-                      num_blocks, tidx, starts, b_first, b_step):
-        """``route_start`` / ``block_start`` (entries ``0 .. E``; when ``starts`` != 0) and the rows ``b_first,
+                      num_blocks, tidx, cta, b_first, b_step):
+        """``route_start`` / ``block_start`` (entries ``0 .. E``; by CTA ``cta == 0``) and the rows ``b_first,
         b_first + b_step, ...`` of ``block_info``: block ``b`` below the block total belongs to the last expert
         ``e < E`` with ``bbeg[e] <= b``."""
-        if starts != 0:
+        if cta == 0:
             for e in cutlass.range(tidx, num_experts + 1, self.threads, unroll=1):
                 ptx.st_global_b32(route_start + Int64(e) * 4, ptx.ld_shared_b32(rbeg + e * 4))
                 ptx.st_global_b32(block_start + Int64(e) * 4, ptx.ld_shared_b32(bbeg + e * 4))
@@ -384,7 +384,7 @@ class RoutePrepSingle(_RouteBase):
         cute.arch.sync_threads()
         self._scan(cnt, rbeg, bbeg, wsum, block_m, tidx)
         self._write_tables(rbeg, bbeg, cnt, num_experts, block_m, route_start.toint(), block_start.toint(),
-                           block_info.toint(), num_blocks, tidx, Int32(1), tidx, Int32(self.threads))
+                           block_info.toint(), num_blocks, tidx, Int32(0), tidx, Int32(self.threads))
         for e in cutlass.range(tidx, self.E_PAD, self.threads, unroll=1):
             ptx.st_shared_b32(cur + e * 4, ptx.ld_shared_b32(rbeg + e * 4))
         cute.arch.sync_threads()
@@ -509,7 +509,7 @@ class RoutePlace(_RouteBase):
         self._scan(cnt, rbeg, bbeg, wsum, block_m, tidx)
         # every CTA holds the whole scan: the block table is split over the CTAs, CTA 0 writes the starts
         self._write_tables(rbeg, bbeg, cnt, num_experts, block_m, route_start.toint(), block_start.toint(),
-                           block_info.toint(), num_blocks, tidx, Int32(p == 0), p * self.threads + tidx,
+                           block_info.toint(), num_blocks, tidx, p, p * self.threads + tidx,
                            nprog * self.threads)
         for e in cutlass.range(tidx, self.E_PAD, self.threads, unroll=1):
             ptx.st_shared_b32(cur + e * 4, ptx.ld_shared_b32(cur + e * 4) + ptx.ld_shared_b32(rbeg + e * 4))
