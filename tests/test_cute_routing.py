@@ -97,7 +97,7 @@ def test_registry_entry_resolves():
 
     family.ensure_registered()
     info = get_family(family.FAMILY)
-    assert [p.name for p in info.source_files()] == ["kernels.py", "config.py", "sm90_ptx.py"]
+    assert [p.name for p in info.source_files()] == ["kernels.py", "config.py", "ptx.py"]
 
 
 @needs_dsl
@@ -118,10 +118,10 @@ def test_variants_compile_for_sm100a():
 def test_export_fits_the_torch_op_abi(tmp_path):
     """One kernel per mode through the loader's build: the exported C ABI is the grouped-GEMM op's."""
     from w4a16_moe.loader import build, library
+    from w4a16_moe.loader.toolchain import preload_dsl_runtime
     from w4a16_moe.loader.torch_op import GEMM_ARGS
 
-    family.ensure_registered()
-    build.preload_dsl_runtime()
+    preload_dsl_runtime()
     specs = [family.spec_for(family.route_config("single", "int32", 8, True)),
              family.spec_for(family.finalize_config("bf16", "int64", 8, True))]
     meta = build.build_library(specs, "sm_90a", tmp_path / "routing.so")

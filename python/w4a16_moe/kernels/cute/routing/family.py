@@ -9,6 +9,10 @@ Which spec a call uses (:func:`route_config`, :func:`finalize_config`) depends o
 the mode (from ``T * k`` and the layout), the ids dtype, the smallest :data:`~.config.E_PADS` entry above
 the local expert count, the output dtype, the finalize vector width (H and alignment) and PDL.
 
+Build a prebuilt directory of this family alone (e.g. for GPU tests before it is in the AOT build's
+``FAMILY_MODULES``): ``python -m w4a16_moe aot --families w4a16_moe.kernels.cute.routing.family --archs sm_90a
+--out DIR``, then ``W4A16_MOE_PREBUILT_DIR=DIR``.
+
 This module imports neither ``cutlass`` nor the kernel module.
 """
 
@@ -21,7 +25,7 @@ from .config import E_PADS, FINALIZE_VECS, ROUTE_MODES, RoutingConfig
 
 __all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "masked_config",
            "finalize_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY",
-           "ensure_registered"]
+           "ensure_registered", "SASS_EXPECT"]
 
 FAMILY = "w4a16_routing"
 #: SM90 and later (griddepcontrol); see the module docstring for SM80-SM89
@@ -34,7 +38,7 @@ WARPS = {"single": 8, "hist": 8, "place": 8, "masked": 4, "finalize": 4}
 REGISTRY_ENTRY = (
     "w4a16_moe.kernels.cute.routing.family:_compile",
     ("w4a16_moe.kernels.cute.routing.kernels", "w4a16_moe.kernels.cute.routing.config",
-     "w4a16_moe.kernels.cute.sm90_ptx"),
+     "w4a16_moe.kernels.cute.common.ptx"),
 )
 
 
@@ -119,28 +123,5 @@ def ensure_registered() -> None:
         register_family(FAMILY, REGISTRY_ENTRY[0], sources=REGISTRY_ENTRY[1])
 
 
-def main(argv=None) -> int:
-    """``python -m w4a16_moe.kernels.cute.routing.family --arch sm_90a --prebuilt-dir DIR [--subset full]``:
-    build this family's kernels into a prebuilt directory (``W4A16_MOE_PREBUILT_DIR=DIR`` then serves them;
-    for GPU tests before the family is part of the AOT build)."""
-    import argparse
-    import json
-    import tempfile
-
-    from ....loader import build
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--arch", default="sm_90a")
-    ap.add_argument("--prebuilt-dir", required=True)
-    ap.add_argument("--subset", default="full", choices=("smoke", "full"))
-    ap.add_argument("-j", "--jobs", type=int, default=1)
-    a = ap.parse_args(argv)
-    ensure_registered()
-    build.preload_dsl_runtime()
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([s.to_json() for s in aot_variants(a.subset)], f)
-    return build.main(["--arch", a.arch, "--specs", f.name, "--prebuilt-dir", a.prebuilt_dir, "-j", str(a.jobs)])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+# importing the family (the AOT build does) makes it known to the loader and to its compile workers
+ensure_registered()

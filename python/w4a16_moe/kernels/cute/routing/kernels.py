@@ -37,7 +37,7 @@ from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from .. import sm90_ptx as ptx
+from ..common import ptx
 from .config import RoutingConfig
 
 __all__ = ["RoutePrepSingle", "RouteHist", "RoutePlace", "MaskedRoutePrep", "Finalize", "kernel_class",
