@@ -92,6 +92,15 @@ def test_module_fits_the_aot_build():
     assert len(f.variants("smoke")) == 6 and len(f.variants("full")) == len(family.variants())
 
 
+def test_descriptor_implements_the_family_protocol():
+    from w4a16_moe.kernels.cute.registry import KernelFamily
+
+    d = family.DESCRIPTOR
+    assert isinstance(d, KernelFamily) and d.role == "routing" and d.spec_family == family.FAMILY
+    assert d.supports((9, 0), "sm_90a") is None and "sm_90a" in d.supports((8, 0), "sm_80")
+    assert d.aot_variants("smoke") == family.aot_variants("smoke")
+
+
 def test_registry_entry_resolves():
     from w4a16_moe.loader.spec import get_family
 

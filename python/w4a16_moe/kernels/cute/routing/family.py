@@ -9,7 +9,9 @@ Which spec a call uses (:func:`route_config`, :func:`finalize_config`) depends o
 the mode (from ``T * k`` and the layout), the ids dtype, the smallest :data:`~.config.E_PADS` entry above
 the local expert count, the output dtype, the finalize vector width (H and alignment) and PDL.
 
-Build a prebuilt directory of this family alone (e.g. for GPU tests before it is in the AOT build's
+Registered CuTe families live in :mod:`w4a16_moe.kernels.cute.registry` (one line each); until this module is
+listed there, :func:`ensure_registered` (run on import) makes the loader know the family. Build a prebuilt
+directory of this family alone (e.g. for GPU tests before it is in the AOT build's
 ``FAMILY_MODULES``): ``python -m w4a16_moe aot --families w4a16_moe.kernels.cute.routing.family --archs sm_90a
 --out DIR``, then ``W4A16_MOE_PREBUILT_DIR=DIR``.
 
@@ -25,7 +27,7 @@ from .config import E_PADS, FINALIZE_VECS, ROUTE_MODES, RoutingConfig
 
 __all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "masked_config",
            "finalize_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY",
-           "ensure_registered", "SASS_EXPECT"]
+           "ensure_registered", "SASS_EXPECT", "DESCRIPTOR", "RoutingFamily"]
 
 FAMILY = "w4a16_routing"
 #: SM90 and later (griddepcontrol); see the module docstring for SM80-SM89
@@ -34,7 +36,7 @@ ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a")
 SASS_EXPECT = ()
 #: warps per CTA of each mode
 WARPS = {"single": 8, "hist": 8, "place": 8, "masked": 4, "finalize": 4}
-#: the line loader/spec.py's ``_BUILTIN_FAMILIES`` needs for this family
+#: ``(compile_fn, sources)`` of the family (the loader's registration; also :data:`DESCRIPTOR`)
 REGISTRY_ENTRY = (
     "w4a16_moe.kernels.cute.routing.family:_compile",
     ("w4a16_moe.kernels.cute.routing.kernels", "w4a16_moe.kernels.cute.routing.config",
@@ -116,12 +118,66 @@ def aot_variants(subset: str) -> list:
 
 
 def ensure_registered() -> None:
-    """Register the family with the loader unless loader/spec.py's built-in registry already names it."""
-    from ....loader.spec import register_family, registered_families
+    """Register the family with the loader unless the CuTe family registry lists this module (then the
+    loader finds it there). Reads the registry's static module list only: no import cycle."""
+    from ....loader.spec import register_family
+    from ..registry import FAMILY_MODULES
 
-    if FAMILY not in registered_families():
+    if __name__ in FAMILY_MODULES:
+        return
+    try:
         register_family(FAMILY, REGISTRY_ENTRY[0], sources=REGISTRY_ENTRY[1])
+    except ValueError:  # already registered and resolved in this process
+        pass
 
+class RoutingFamily:
+    """This family as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily` (role ``"routing"``): the provider's
+    GEMM selection skips it (it picks ``"grouped"`` / ``"decode"`` roles); the loader, the AOT build and the
+    SASS check read ``spec_family``, ``archs``, ``compile_fn``, ``sources``, ``sass_*`` and ``aot_variants``.
+    The GEMM-only members (``configs``, ``layout_key``, ``pack``, ``rows_per_cta``) do not apply."""
+
+    name = "routing"
+    spec_family = FAMILY
+    archs = ARCHS
+    role = "routing"
+    beside = None
+    compile_fn = REGISTRY_ENTRY[0]
+    sources = REGISTRY_ENTRY[1]
+    sass_expect = SASS_EXPECT
+    sass_allow_local = ()
+
+    def __repr__(self) -> str:
+        return "KernelFamily(routing)"
+
+    def config_type(self) -> type:
+        return RoutingConfig
+
+    def supports(self, capability, arch) -> Optional[str]:
+        return None if arch in self.archs else f"the CuTe route preparation is built for {', '.join(self.archs)} only"
+
+    def can_implement(self, call) -> Optional[str]:
+        return "route preparation / finalize kernels, not a GEMM family"
+
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+        raise NotImplementedError("the routing family has no GEMM configs (see routing.launch)")
+
+    def spec_for(self, cfg):
+        return spec_for(cfg)
+
+    def aot_variants(self, subset):
+        return aot_variants(subset)
+
+    def layout_key(self, which, cfg, dtype) -> str:
+        raise NotImplementedError("the routing family reads no packed weights")
+
+    def pack(self, qm, cfg, dtype, interleave):
+        raise NotImplementedError("the routing family reads no packed weights")
+
+    def rows_per_cta(self, cfg) -> int:
+        raise NotImplementedError("the routing family has no weight rows")
+
+
+DESCRIPTOR = RoutingFamily()
 
 # importing the family (the AOT build does) makes it known to the loader and to its compile workers
 ensure_registered()
