@@ -27,6 +27,7 @@ FAMILY_MODULES = (
     "w4a16_moe.kernels.cute.sm90.family",
     "w4a16_moe.kernels.cute.warp.family",
     "w4a16_moe.kernels.cute.decode.family",
+    "w4a16_moe.kernels.cute.routing.family",
 )
 
 #: CUDA's grid y limit (the token-tile dimension of every family's launch)
