@@ -30,6 +30,9 @@ from w4a16_moe.kernels.triton.grouped_gemm import _down_kernel, _gate_up_kernel 
 from w4a16_moe.kernels.triton.moe import (triton_combine_routes, triton_expert_routes,  # noqa: E402
                                           triton_fused_moe, triton_fused_moe_masked)
 from w4a16_moe.reference import reference_moe, reference_moe_masked, reference_routes  # noqa: E402
+from w4a16_moe.activations import swiglu_oai  # noqa: E402
+
+from conftest import with_biases  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 TOL = 0.02
@@ -391,6 +394,134 @@ def test_masked_cap_zero():
     x = torch.zeros(4, 0, 96, dtype=torch.float16, device=DEV)
     out = torch.zeros_like(x)
     triton_fused_moe_masked(x, w, torch.zeros(4, dtype=torch.int32, device=DEV), activation="swiglu", out=out)
+
+
+# --------------------------------------------------------------------------------------------------
+# gpt-oss experts: per-expert biases and the clamped SwiGLU
+# --------------------------------------------------------------------------------------------------
+OAI_CUSTOM = swiglu_oai(alpha=1.5, limit=2.0).name
+BIASES = {"none": (False, False), "w13": (True, False), "w2": (False, True), "both": (True, True)}
+OAI_X_SCALE = 6.0  # pre-activations of std ~6: the default limit 7 clamps gate and up on a good share
+OAI_B_SCALE = 3.0  # biases of the same order, so that they matter next to the larger outputs
+
+
+def biased(w, which: str, dtype=torch.float32, scale=0.5):
+    b13, b2 = BIASES[which]
+    return with_biases(w, w13=b13, w2=b2, dtype=dtype, scale=scale) if b13 or b2 else w
+
+
+def _clamped_share(x, w, limit):
+    """Share of gate/up pre-activations beyond +-limit (the clamps of swiglu_oai are exercised)."""
+    w13, _ = w.dequantize()
+    h = x.float().to(w13.device) @ w13[0].t()
+    if w.w13_bias is not None:
+        h = h + w.w13_bias[0].float()
+    return (h.abs() > limit).float().mean().item()
+
+
+def _check_bias_matters(x, w, tw, ids, activation, offset=0):
+    """The reference with biases differs from the one without: a provider ignoring them fails."""
+    if not w.has_bias:
+        return
+    plain = MoEWeights(w.scheme, w.w13, w.w2, w.gated)
+    a = reference_moe(x, w, tw, ids, activation=activation, expert_offset=offset)
+    b = reference_moe(x, plain, tw, ids, activation=activation, expert_offset=offset)
+    assert (a - b).norm() > 0.1 * a.norm()
+
+
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("bias", list(BIASES))
+def test_bias_and_swiglu_oai(bias, activation, finalize):
+    w = biased(make_weights("int4_g32", 4, 96, 64, True), bias, scale=0.5 if activation == "swiglu" else OAI_B_SCALE)
+    x, tw, ids = make_inputs(9, 96, 2, 4)
+    if activation != "swiglu":
+        x = x * OAI_X_SCALE
+        assert _clamped_share(x, w, swiglu_oai().limit if activation == "swiglu_oai" else 2.0) > 0.1
+    _check_bias_matters(x, w, tw, ids, activation)
+    check_moe(x, w, tw, ids, activation, finalize)
+
+
+def test_swiglu_oai_is_not_swiglu():
+    """The clamped activation's output differs from plain swiglu on the same weights (no silent fallback)."""
+    w = make_weights("int4_g32", 4, 96, 64, True)
+    x, tw, ids = make_inputs(9, 96, 2, 4)
+    x = x * OAI_X_SCALE
+    a = run_moe(x, w, tw, ids, "swiglu_oai", "deterministic")
+    b = run_moe(x, w, tw, ids, "swiglu", "deterministic")
+    assert (a.float() - b.float()).norm() > 0.1 * a.float().norm()
+
+
+@pytest.mark.parametrize("activation,gated", ACTIVATIONS[2:])
+def test_bias_non_gated(activation, gated):
+    w = biased(make_weights("int4_g64_zp", 4, 128, 64, gated), "both")
+    x, tw, ids = make_inputs(9, 128, 2, 4)
+    _check_bias_matters(x, w, tw, ids, activation)
+    for finalize in FINALIZE:
+        check_moe(x, w, tw, ids, activation, finalize)
+
+
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4", "int4_channel"])
+def test_bias_oai_schemes_expert_parallel(scheme, finalize):
+    """EP offset, invalid routes (-1, other ranks' experts) and both biases with the custom swiglu_oai."""
+    h, i = dims_for(scheme)
+    w = biased(make_weights(scheme, 5, h, i, True), "both", scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(13, h, 3, 5, offset=5, invalid=True)
+    x = x * OAI_X_SCALE
+    _check_bias_matters(x, w, tw, ids, OAI_CUSTOM, offset=5)
+    check_moe(x, w, tw, ids, OAI_CUSTOM, finalize, offset=5)
+
+
+def test_bias_oai_expert_routes_and_combine():
+    w = biased(make_weights("int4_g32", 4, 96, 64, True), "both", scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(11, 96, 3, 4, invalid=True)
+    x = x * OAI_X_SCALE
+    y, valid = triton_expert_routes(x, w, ids, activation="swiglu_oai")
+    ref_y, ref_valid = reference_routes(x, w, ids, activation="swiglu_oai")
+    assert torch.equal(valid.cpu(), ref_valid.cpu())
+    assert_matches(torch.where(valid[..., None], y, 0).reshape(-1, 96), ref_y.reshape(-1, 96))
+    out = triton_combine_routes(y, tw, valid)
+    det = run_moe(x, w, tw, ids, "swiglu_oai", "deterministic")
+    assert torch.equal(out, det)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("bias", ["w13", "w2", "both"])
+def test_masked_bias_oai(bias, activation):
+    """Masked layout: unweighted rows with biases; rows past masked_m stay zero (no bias leaks into them)."""
+    experts, cap, hidden, inter = len(MASKED_M), 20, 96, 64
+    w = biased(make_weights("int4_g32", experts, hidden, inter, True), bias, scale=OAI_B_SCALE)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(experts, cap, hidden, generator=g) * OAI_X_SCALE).to(torch.float16).to(DEV)
+    masked_m = torch.tensor(MASKED_M, dtype=torch.int32, device=DEV)
+    ref = reference_moe_masked(x, w, masked_m, activation=activation)
+    for e, m in enumerate(MASKED_M):
+        x[e, max(0, min(m, cap)):] = float("nan")
+    out = poisoned(x.shape, torch.float16)
+    triton_fused_moe_masked(x, w, masked_m, activation=activation, out=out)
+    for e, m in enumerate(MASKED_M):
+        assert (out[e, max(0, min(m, cap)):] == 0).all()
+    assert_matches(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+
+
+def test_bias_through_the_op_on_triton():
+    """``fused_moe(backend="triton")`` carries the biases and the activation parameters to the kernels."""
+    import w4a16_moe as wm
+
+    w = biased(make_weights("int4_g32", 4, 96, 64, True), "both", scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(9, 96, 2, 4, offset=4, invalid=True)
+    x = x * OAI_X_SCALE
+    act = swiglu_oai(alpha=1.5, limit=2.0)
+    ref = reference_moe(x, w, tw, ids, activation=act, expert_offset=4)
+    for finalize in FINALIZE:
+        assert_matches(wm.fused_moe(x, w, tw, ids, activation=act, finalize=finalize, expert_offset=4,
+                                    backend="triton"), ref)
+    xm = x[:8].reshape(4, 2, 96).contiguous()
+    mm = torch.tensor([2, 1, 0, 2], dtype=torch.int32, device=DEV)
+    refm = reference_moe_masked(xm, w, mm, activation=act)
+    assert_matches(wm.fused_moe_masked(xm, w, mm, activation=act.name, backend="triton").reshape(-1, 96),
+                   refm.reshape(-1, 96))
 
 
 def test_config_table_bounded():
