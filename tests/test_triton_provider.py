@@ -563,14 +563,19 @@ for arch in (90, 80):
         for i, (kind, g, pc, zp, gs, sty) in enumerate(SCHEMES):
             dt = ("bf16", "fp16")[i % 2]
             act, mode = i % 4, i % 3
+            if i == 0 and block_m == 128:
+                act = 4  # swiglu_oai
+            bias = i % 2 == 1 or act == 4  # bf16 biases on odd schemes, fp32 with swiglu_oai
             masked = mode == 2 and block_m != 128
-            cfg = cg if act < 2 else cp
+            cfg = cg if act in (0, 1, 4) else cp
             common = dict(codes_ptr="*u8", scales_ptr=sty, zeros_ptr="*u8", gscale_ptr="*fp32" if gs else "*u8",
+                          bias_ptr=("*fp32" if act == 4 else "*bf16") if bias else "*u8",
                           sorted_ptr="*i32", block_info_ptr="*i32", masked_m_ptr="*i32", num_m="i32", cap="i32")
-            scheme = dict(KIND=kind, PER_CHANNEL=pc, HAS_ZP=zp, HAS_GSCALE=gs, TOPK=8, H=H, I=I, GROUP_M=8)
-            build(gg._gate_up_kernel, dict(common, x_ptr="*" + dt, inter_ptr="*" + dt),
-                  dict(scheme, G=g or H, MASKED=masked, GATED=act < 2, ACT=act, BM=cfg.block_m, BN=cfg.block_n,
-                       BK=cfg.block_k), arch, cfg.num_warps, cfg.num_stages)
+            scheme = dict(KIND=kind, PER_CHANNEL=pc, HAS_ZP=zp, HAS_GSCALE=gs, HAS_BIAS=bias, TOPK=8, H=H, I=I,
+                          GROUP_M=8)
+            build(gg._gate_up_kernel, dict(common, x_ptr="*" + dt, inter_ptr="*" + dt, alpha="fp32", limit="fp32"),
+                  dict(scheme, G=g or H, MASKED=masked, GATED=act in (0, 1, 4), ACT=act, BM=cfg.block_m,
+                       BN=cfg.block_n, BK=cfg.block_k), arch, cfg.num_warps, cfg.num_stages)
             build(gg._down_kernel, dict(common, inter_ptr="*" + dt, out_ptr="*" + dt, topk_w_ptr="*fp32"),
                   dict(scheme, G=g or I, MODE=2 if masked else mode % 2, BM=cd.block_m, BN=cd.block_n,
                        BK=cd.block_k), arch, cd.num_warps, cd.num_stages)
@@ -731,3 +736,96 @@ def test_gpu_masked_cuda_graph():
         torch.cuda.synchronize()
         ref = reference_moe_masked(x, w, masked_m, activation="swiglu")
         assert_matches(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("bias", list(BIASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_bias_swiglu_oai(dtype, bias, activation, finalize):
+    """Biases (BF16 with BF16 activations, FP32 with FP16) x activation x finalize, EP offset and invalid ids."""
+    bdt = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    scale = 0.5 if activation == "swiglu" else OAI_B_SCALE
+    w = biased(make_weights("mxfp4", 8, 512, 256, True, dtype=dtype), bias, dtype=bdt, scale=scale)
+    for tokens in (1, 64, 300):
+        x, tw, ids = make_inputs(tokens, 512, 4, 8, dtype=dtype, offset=8, invalid=True)
+        if activation != "swiglu":
+            x = x * OAI_X_SCALE
+        check_moe(x, w, tw, ids, activation, finalize, offset=8)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("activation,gated", ACTIVATIONS[2:])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_bias_non_gated(dtype, activation, gated):
+    w = biased(make_weights("int4_g128", 8, 512, 256, gated, dtype=dtype), "both")
+    x, tw, ids = make_inputs(300, 512, 4, 8, dtype=dtype)
+    for finalize in FINALIZE:
+        check_moe(x, w, tw, ids, activation, finalize)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gpt_oss_layer_shape(dtype, finalize):
+    """gpt-oss's H = I = 2880 (K tails for BLOCK_K 64/128), MXFP4, BF16 biases, default swiglu_oai, top-4,
+    BLOCK_M 16 to 128 buckets."""
+    w = biased(make_weights("mxfp4", 16, 2880, 2880, True, dtype=dtype), "both", dtype=torch.bfloat16,
+               scale=OAI_B_SCALE)
+    for tokens in (1, 40, 700):
+        x, tw, ids = make_inputs(tokens, 2880, 4, 16, dtype=dtype, offset=16, invalid=True)
+        check_moe(x * OAI_X_SCALE, w, tw, ids, "swiglu_oai", finalize, offset=16)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("activation", ["swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_masked_bias_oai(dtype, activation):
+    experts, cap, hidden, inter = 8, 128, 512, 256
+    masked = [0, 17, 128, 200, -1, 64, 1, 127]
+    w = biased(make_weights("mxfp4", experts, hidden, inter, True, dtype=dtype), "both", dtype=torch.bfloat16,
+               scale=OAI_B_SCALE)
+    x = (torch.randn(experts, cap, hidden, device=DEV) * OAI_X_SCALE).to(dtype)
+    masked_m = torch.tensor(masked, dtype=torch.int32, device=DEV)
+    ref = reference_moe_masked(x, w, masked_m, activation=activation)
+    out = poisoned(x.shape, dtype)
+    triton_fused_moe_masked(x, w, masked_m, activation=activation, out=out)
+    for e, m in enumerate(masked):
+        assert (out[e, max(0, min(m, cap)):] == 0).all()
+    assert_matches(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("finalize", FINALIZE)
+def test_gpu_bias_oai_cuda_graph_and_compile(finalize):
+    """The biased gpt-oss layer through ``fused_moe``: captured in a CUDA graph and under torch.compile."""
+    import w4a16_moe as wm
+
+    experts, hidden, inter, top_k = 8, 512, 256, 4
+    w = biased(make_weights("mxfp4", experts, hidden, inter, True, dtype=torch.bfloat16), "both",
+               dtype=torch.bfloat16, scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(16, hidden, top_k, experts, dtype=torch.bfloat16)
+    x = x * OAI_X_SCALE
+    kw = dict(activation=OAI_CUSTOM, finalize=finalize, backend="auto")  # auto: CuTe refuses, Triton runs
+    wm.warmup(w, activation=OAI_CUSTOM, top_k=top_k, max_tokens=16, finalize=finalize)
+    out = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wm.fused_moe(x, w, tw, ids, out=out, **kw)
+    for seed in (3, 4):
+        x_n, tw_n, ids_n = make_inputs(16, hidden, top_k, experts, dtype=torch.bfloat16, seed=seed, invalid=True)
+        x.copy_(x_n * OAI_X_SCALE), tw.copy_(tw_n), ids.copy_(ids_n)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, reference_moe(x, w, tw, ids, activation=OAI_CUSTOM))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, tw, ids: wm.fused_moe(x, w, tw, ids, **kw) * 2, fullgraph=True)
+    assert_matches(compiled(x, tw, ids) / 2, reference_moe(x, w, tw, ids, activation=OAI_CUSTOM))
