@@ -143,7 +143,8 @@ def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_sc
 
 @torch.library.register_fake("w4a16_moe::fused_moe_out")
 def _fused_moe_out_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                        w13_bias, w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+                        w13_bias, w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset,
+                        backend, out):
     weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias)
     check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
