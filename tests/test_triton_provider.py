@@ -775,11 +775,11 @@ def test_gpu_bias_non_gated(dtype, activation, gated):
 def test_gpu_gpt_oss_layer_shape(dtype, finalize):
     """gpt-oss's H = I = 2880 (K tails for BLOCK_K 64/128), MXFP4, BF16 biases, default swiglu_oai, top-4,
     BLOCK_M 16 to 128 buckets."""
-    w = biased(make_weights("mxfp4", 16, 2880, 2880, True, dtype=dtype), "both", dtype=torch.bfloat16,
+    w = biased(make_weights("mxfp4", 8, 2880, 2880, True, dtype=dtype), "both", dtype=torch.bfloat16,
                scale=OAI_B_SCALE)
     for tokens in (1, 40, 700):
-        x, tw, ids = make_inputs(tokens, 2880, 4, 16, dtype=dtype, offset=16, invalid=True)
-        check_moe(x * OAI_X_SCALE, w, tw, ids, "swiglu_oai", finalize, offset=16)
+        x, tw, ids = make_inputs(tokens, 2880, 4, 8, dtype=dtype, offset=8, invalid=True)
+        check_moe(x * OAI_X_SCALE, w, tw, ids, "swiglu_oai", finalize, offset=8)
 
 
 @gpu
