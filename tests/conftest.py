@@ -69,6 +69,16 @@ def random_weights(scheme, e, h, i, *, activation="swiglu", dtype=torch.float16,
     return wm.quantize_experts(w13.to(dtype), w2.to(dtype), scheme, activation=activation).to(device)
 
 
+def with_biases(w, *, w13=True, w2=True, dtype=torch.float32, scale=0.5, seed=7):
+    """``w`` with random per-expert biases ``w13_bias [E, 2I|I]`` / ``w2_bias [E, H]`` (each optional)."""
+    import w4a16_moe as wm
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    b13 = (torch.randn(w.num_experts, w.w13.n, generator=g) * scale).to(dtype).to(w.device) if w13 else None
+    b2 = (torch.randn(w.num_experts, w.hidden_size, generator=g) * scale).to(dtype).to(w.device) if w2 else None
+    return wm.MoEWeights(w.scheme, w.w13, w.w2, w.gated, b13, b2)
+
+
 def random_routing(t, k, num_global, *, seed=0, device="cpu", dtype=torch.int32):
     """Distinct top-k ids per token (uniform over ``num_global`` experts) and softmax weights."""
     g = torch.Generator(device="cpu").manual_seed(seed)

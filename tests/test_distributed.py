@@ -15,13 +15,18 @@ import torch.multiprocessing as mp
 import w4a16_moe as wm
 from w4a16_moe.distributed import ep_moe, shard_experts, shard_intermediate, tp_moe
 
-from conftest import nrmse, random_routing, random_weights
+from conftest import nrmse, random_routing, random_weights, with_biases
 
 E, H, I, K = 8, 64, 64, 3
 
 
-def _setup(world, seed=0, scheme="int4_g32", device="cpu"):
+OAI = "swiglu_oai(alpha=1.5,limit=2.0)"
+
+
+def _setup(world, seed=0, scheme="int4_g32", device="cpu", bias=False):
     full = random_weights(scheme, E, H, I, dtype=torch.float16, seed=seed)
+    if bias:  # gpt-oss experts: both biases
+        full = with_biases(full, scale=1.0)
     data = []
     for r in range(world):
         t = 5 + 3 * r  # ranks hold different token counts
@@ -34,18 +39,22 @@ def _setup(world, seed=0, scheme="int4_g32", device="cpu"):
 def _worker(rank, world, init_file, mode, result_file):
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        full, data = _setup(world)
+        bias = mode.endswith("_bias")
+        mode = mode.removesuffix("_bias")
+        act = OAI if bias else "swiglu"
+        full, data = _setup(world, bias=bias)
         x, tw, ids = data[rank]
         out = {}
         if mode == "ep":
             local = shard_experts(full, rank, world)
-            out["det"] = ep_moe(x, local, tw, ids, backend="reference", finalize="deterministic")
-            out["det2"] = ep_moe(x, local, tw, ids, backend="reference", finalize="deterministic")
-            out["fused"] = ep_moe(x, local, tw, ids, backend="reference", finalize="fused")
+            kw = dict(backend="reference", activation=act)
+            out["det"] = ep_moe(x, local, tw, ids, finalize="deterministic", **kw)
+            out["det2"] = ep_moe(x, local, tw, ids, finalize="deterministic", **kw)
+            out["fused"] = ep_moe(x, local, tw, ids, finalize="fused", **kw)
         elif mode == "tp":
             xs, tws, idss = data[0]  # TP: every rank sees the same tokens
             shard = shard_intermediate(full, rank, world)
-            out["tp"] = tp_moe(xs, shard, tws, idss, backend="reference")
+            out["tp"] = tp_moe(xs, shard, tws, idss, backend="reference", activation=act)
         elif mode == "mismatch":
             scheme = "int4_g32" if rank == 0 else "int4_g64"
             local = shard_experts(random_weights(scheme, E, H, I, dtype=torch.float16), rank, world)
@@ -89,6 +98,21 @@ def test_tp_matches_reference():
     for r in range(2):
         assert nrmse(results[r]["tp"], ref) < 0.01
     assert torch.equal(results[0]["tp"], results[1]["tp"])
+
+
+def test_ep_and_tp_with_biases_and_swiglu_oai():
+    """gpt-oss experts over gloo: EP equals one process bit for bit, TP adds w2_bias once (rank 0's)."""
+    full, data = _setup(2, bias=True)
+    results = _spawn(2, "ep_bias")
+    for r, (x, tw, ids) in enumerate(data):
+        single = wm.fused_moe(x, full, tw, ids, activation=OAI, backend="reference")
+        assert torch.equal(results[r]["det"], single), f"rank {r}"
+        assert nrmse(results[r]["fused"], wm.reference_moe(x, full, tw, ids, activation=OAI)) < 0.01
+    results = _spawn(2, "tp_bias")
+    x, tw, ids = data[0]
+    ref = wm.reference_moe(x, full, tw, ids, activation=OAI)
+    for r in range(2):
+        assert nrmse(results[r]["tp"], ref) < 0.01
 
 
 def test_ep_weights_differ_across_ranks():
@@ -186,3 +210,31 @@ def test_ep_nccl_matches_one_gpu(backend, monkeypatch):
         if backend == "cute":  # batch-invariant deterministic mode: exactly the one-GPU result
             assert torch.equal(results[r]["det"], single), f"rank {r}"
         assert "backend 'gloo' cannot move CUDA tensors" in results[r]["wrong_backend"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_shards_keep_their_biases(world):
+    """shard_experts keeps the experts' bias rows; shard_intermediate keeps w13_bias rows of the slice (gate and
+    up) and gives w2_bias to rank 0 only; partial layers sum back to the full one."""
+    full = with_biases(random_weights("int4_g32", 4, 64, 128, activation="swiglu", seed=3), scale=1.0)
+    x = torch.randn(5, 64).half() * 3
+    tw, ids = random_routing(5, 2, 4)
+    ids[1, 0] = -1
+    for act in ("swiglu", "swiglu_oai"):
+        ref = wm.reference_moe(x, full, tw, ids, activation=act)
+        if 4 % world == 0:
+            n = 4 // world
+            parts = [shard_experts(full, r, world) for r in range(world)]
+            for r, p in enumerate(parts):
+                assert torch.equal(p.w13_bias, full.w13_bias[r * n:(r + 1) * n])
+                assert torch.equal(p.w2_bias, full.w2_bias[r * n:(r + 1) * n])
+            ep = sum(wm.reference_moe(x, p, tw, ids, activation=act, expert_offset=r * n) for r, p in enumerate(parts))
+            torch.testing.assert_close(ep, ref, rtol=1e-5, atol=1e-5)
+        s = 128 // world
+        shards = [shard_intermediate(full, r, world) for r in range(world)]
+        for r, p in enumerate(shards):
+            rows = torch.cat((torch.arange(r * s, (r + 1) * s), torch.arange(128 + r * s, 128 + (r + 1) * s)))
+            assert torch.equal(p.w13_bias, full.w13_bias[:, rows])
+            assert (p.w2_bias is not None) == (r == 0)
+        tp = sum(wm.reference_moe(x, p, tw, ids, activation=act) for p in shards)
+        torch.testing.assert_close(tp, ref, rtol=1e-4, atol=1e-4)

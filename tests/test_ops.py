@@ -97,3 +97,75 @@ def test_decision_logs_its_plan(caplog, monkeypatch):
     with caplog.at_level(logging.INFO, logger="w4a16_moe"):
         wm.fused_moe(x, w, tw, ids, backend="reference")
     assert any("provider reference" in m and "plan: provider reference" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("w13_bias,w2_bias", [(True, True), (True, False), (False, True)])
+def test_fake_shapes_with_biases(w13_bias, w2_bias):
+    from conftest import with_biases
+
+    w = with_biases(random_weights("mxfp4", 4, 64, 64, dtype=torch.bfloat16), w13=w13_bias, w2=w2_bias,
+                    dtype=torch.bfloat16)
+    args = ops.weight_args(w)
+    assert len(args) == 10 and (args[8] is w.w13_bias) and (args[9] is w.w2_bias)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fk = lambda t: None if t is None else mode.from_tensor(t)  # noqa: E731
+        fw = wm.MoEWeights(w.scheme, w.w13.map(mode.from_tensor), w.w2.map(mode.from_tensor), w.gated,
+                           fk(w.w13_bias), fk(w.w2_bias))
+        x = torch.empty(5, 64, dtype=torch.bfloat16)
+        ids = torch.empty(5, 3, dtype=torch.int32)
+        tw = torch.empty(5, 3)
+        for act in ("swiglu_oai", "swiglu_oai(alpha=1.5,limit=10.0)"):
+            y = torch.ops.w4a16_moe.fused_moe(x, *ops.weight_args(fw), tw, ids, "mxfp4", act, "fused", 0, "auto")
+            assert y.shape == (5, 64) and y.dtype == torch.bfloat16
+            ym = torch.ops.w4a16_moe.fused_moe_masked(torch.empty(4, 7, 64, dtype=torch.bfloat16),
+                                                      *ops.weight_args(fw), torch.empty(4, dtype=torch.int32),
+                                                      "mxfp4", act, "auto")
+            assert ym.shape == (4, 7, 64)
+        bad = list(ops.weight_args(fw))
+        bad[8] = torch.empty(4, 7, dtype=torch.float32) if w13_bias else None
+        bad[9] = torch.empty(4, 65, dtype=torch.float32)
+        with pytest.raises(ValueError, match="w13_bias: expected" if w13_bias else "w2_bias: expected"):
+            torch.ops.w4a16_moe.fused_moe(x, *bad, tw, ids, "mxfp4", "swiglu", "fused", 0, "auto")
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"])
+def test_reference_backend_honours_biases(activation):
+    """``fused_moe(backend="reference")`` (through the torch op) equals ``reference_moe`` with biases, and
+    differs from the same weights without them; routed (EP offset, invalid ids) and masked."""
+    from conftest import with_biases
+
+    from w4a16_moe.activations import get_activation
+
+    plain = random_weights("int4_g32", 4, 64, 64)
+    w = with_biases(plain, scale=1.0)
+    tw, ids = random_routing(6, 2, 7)
+    ids[0, 1] = -1
+    x = torch.randn(6, 64, dtype=torch.float16) * 4
+    ref = wm.reference_moe(x, w, tw, ids, activation=activation, expert_offset=2)
+    for fin in ("deterministic", "fused"):
+        got = wm.fused_moe(x, w, tw, ids, activation=activation, finalize=fin, expert_offset=2, backend="reference")
+        assert torch.equal(got, ref.to(x.dtype))
+    act = get_activation(activation)
+    assert torch.equal(wm.fused_moe(x, w, tw, ids, activation=act, expert_offset=2, backend="reference"),
+                       ref.to(x.dtype))
+    unbiased = wm.reference_moe(x, plain, tw, ids, activation=activation, expert_offset=2)
+    assert nrmse(unbiased, ref) > 0.1
+    xm = torch.randn(4, 5, 64, dtype=torch.float16)
+    mm = torch.tensor([0, 5, 3, 9], dtype=torch.int32)
+    refm = wm.reference_moe_masked(xm, w, mm, activation=activation)
+    assert torch.equal(wm.fused_moe_masked(xm, w, mm, activation=activation, backend="reference"), refm.half())
+    assert (refm[0] == 0).all() and (refm[2, 3:] == 0).all()
+
+
+def test_torch_compile_fullgraph_cpu_reference_with_biases():
+    from conftest import with_biases
+
+    torch._dynamo.reset()
+    w = with_biases(random_weights("int4_g32", 4, 128, 64), dtype=torch.bfloat16)
+    tw, ids = random_routing(6, 2, 4)
+    x = torch.randn(6, 128, dtype=torch.float16)
+    act = "swiglu_oai(alpha=1.5,limit=2.0)"
+    compiled = torch.compile(lambda x, tw, ids: wm.fused_moe(x, w, tw, ids, activation=act, backend="reference") * 2,
+                             fullgraph=True)
+    ref = wm.reference_moe(x, w, tw, ids, activation=act)
+    assert nrmse(compiled(x, tw, ids) / 2, ref) < 0.01

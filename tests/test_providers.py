@@ -125,3 +125,50 @@ def test_selection_is_logged(call, caplog):
     with caplog.at_level(logging.INFO, logger="w4a16_moe"):
         providers.select_provider(call, "auto", SM90)
     assert any("provider triton" in r.message for r in caplog.records)
+
+
+# ------------------------------------------------------------------------------------------------
+# gpt-oss features the CuTe kernels do not implement yet: refused with the reason, auto falls back
+# ------------------------------------------------------------------------------------------------
+_BIAS_WHY = "biases (w13_bias/w2_bias) are not supported by the CuTe kernels yet"
+_OAI_WHY = "activation swiglu_oai is not supported by the CuTe kernels yet"
+
+
+def _gpt_oss_call(bias: bool, activation: str, masked: bool = False):
+    from w4a16_moe.validate import check_masked_call
+
+    from conftest import with_biases
+
+    w = random_weights("int4_g32", 4, 256, 256)  # a shape the CuTe families accept
+    if bias:
+        w = with_biases(w, w2=False)
+    if masked:
+        return check_masked_call(torch.zeros(4, 8, 256, dtype=torch.bfloat16), w,
+                                 torch.zeros(4, dtype=torch.int32), activation=activation)
+    tw, ids = random_routing(3, 2, 4)
+    return check_moe_call(torch.randn(3, 256, dtype=torch.bfloat16), w, tw, ids, activation=activation)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("bias,activation,why", [
+    (True, "swiglu", _BIAS_WHY), (False, "swiglu_oai", _OAI_WHY),
+    (False, "swiglu_oai(alpha=1.5,limit=3.0)", _OAI_WHY), (True, "swiglu_oai", _BIAS_WHY)])
+@pytest.mark.parametrize("info", [SM80, SM90, SM100])
+def test_cute_refuses_biases_and_swiglu_oai(info, bias, activation, why, masked):
+    import re
+
+    call = _gpt_oss_call(bias, activation, masked)
+    assert call.has_bias == bias
+    assert providers.cute_unavailable_reason(call, info) == why
+    d = providers.select_provider(call, "auto", info)
+    assert d.provider == "triton" and d.rejected["cute"] == why
+    op = "fused_moe_masked" if masked else "fused_moe"
+    with pytest.raises(wm.ProviderUnavailable, match=re.escape(f"backend='cute' cannot run {op}: {why}")):
+        providers.select_provider(call, "cute", info)
+
+
+def test_cute_reason_without_gpt_oss_features_is_not_theirs():
+    call = _gpt_oss_call(False, "swiglu")
+    assert not call.has_bias
+    why = providers.cute_unavailable_reason(call, SM90)
+    assert why is None or ("bias" not in why and "swiglu_oai" not in why)

@@ -30,6 +30,9 @@ from w4a16_moe.kernels.triton.grouped_gemm import _down_kernel, _gate_up_kernel 
 from w4a16_moe.kernels.triton.moe import (triton_combine_routes, triton_expert_routes,  # noqa: E402
                                           triton_fused_moe, triton_fused_moe_masked)
 from w4a16_moe.reference import reference_moe, reference_moe_masked, reference_routes  # noqa: E402
+from w4a16_moe.activations import swiglu_oai  # noqa: E402
+
+from conftest import with_biases  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 TOL = 0.02
@@ -393,6 +396,134 @@ def test_masked_cap_zero():
     triton_fused_moe_masked(x, w, torch.zeros(4, dtype=torch.int32, device=DEV), activation="swiglu", out=out)
 
 
+# --------------------------------------------------------------------------------------------------
+# gpt-oss experts: per-expert biases and the clamped SwiGLU
+# --------------------------------------------------------------------------------------------------
+OAI_CUSTOM = swiglu_oai(alpha=1.5, limit=2.0).name
+BIASES = {"none": (False, False), "w13": (True, False), "w2": (False, True), "both": (True, True)}
+OAI_X_SCALE = 6.0  # pre-activations of std ~6: the default limit 7 clamps gate and up on a good share
+OAI_B_SCALE = 3.0  # biases of the same order, so that they matter next to the larger outputs
+
+
+def biased(w, which: str, dtype=torch.float32, scale=0.5):
+    b13, b2 = BIASES[which]
+    return with_biases(w, w13=b13, w2=b2, dtype=dtype, scale=scale) if b13 or b2 else w
+
+
+def _clamped_share(x, w, limit):
+    """Share of gate/up pre-activations beyond +-limit (the clamps of swiglu_oai are exercised)."""
+    w13, _ = w.dequantize()
+    h = x.float().to(w13.device) @ w13[0].t()
+    if w.w13_bias is not None:
+        h = h + w.w13_bias[0].float()
+    return (h.abs() > limit).float().mean().item()
+
+
+def _check_bias_matters(x, w, tw, ids, activation, offset=0):
+    """The reference with biases differs from the one without: a provider ignoring them fails."""
+    if not w.has_bias:
+        return
+    plain = MoEWeights(w.scheme, w.w13, w.w2, w.gated)
+    a = reference_moe(x, w, tw, ids, activation=activation, expert_offset=offset)
+    b = reference_moe(x, plain, tw, ids, activation=activation, expert_offset=offset)
+    assert (a - b).norm() > 0.1 * a.norm()
+
+
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("bias", list(BIASES))
+def test_bias_and_swiglu_oai(bias, activation, finalize):
+    w = biased(make_weights("int4_g32", 4, 96, 64, True), bias, scale=0.5 if activation == "swiglu" else OAI_B_SCALE)
+    x, tw, ids = make_inputs(9, 96, 2, 4)
+    if activation != "swiglu":
+        x = x * OAI_X_SCALE
+        assert _clamped_share(x, w, swiglu_oai().limit if activation == "swiglu_oai" else 2.0) > 0.1
+    _check_bias_matters(x, w, tw, ids, activation)
+    check_moe(x, w, tw, ids, activation, finalize)
+
+
+def test_swiglu_oai_is_not_swiglu():
+    """The clamped activation's output differs from plain swiglu on the same weights (no silent fallback)."""
+    w = make_weights("int4_g32", 4, 96, 64, True)
+    x, tw, ids = make_inputs(9, 96, 2, 4)
+    x = x * OAI_X_SCALE
+    a = run_moe(x, w, tw, ids, "swiglu_oai", "deterministic")
+    b = run_moe(x, w, tw, ids, "swiglu", "deterministic")
+    assert (a.float() - b.float()).norm() > 0.1 * a.float().norm()
+
+
+@pytest.mark.parametrize("activation,gated", ACTIVATIONS[2:])
+def test_bias_non_gated(activation, gated):
+    w = biased(make_weights("int4_g64_zp", 4, 128, 64, gated), "both")
+    x, tw, ids = make_inputs(9, 128, 2, 4)
+    _check_bias_matters(x, w, tw, ids, activation)
+    for finalize in FINALIZE:
+        check_moe(x, w, tw, ids, activation, finalize)
+
+
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4", "int4_channel"])
+def test_bias_oai_schemes_expert_parallel(scheme, finalize):
+    """EP offset, invalid routes (-1, other ranks' experts) and both biases with the custom swiglu_oai."""
+    h, i = dims_for(scheme)
+    w = biased(make_weights(scheme, 5, h, i, True), "both", scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(13, h, 3, 5, offset=5, invalid=True)
+    x = x * OAI_X_SCALE
+    _check_bias_matters(x, w, tw, ids, OAI_CUSTOM, offset=5)
+    check_moe(x, w, tw, ids, OAI_CUSTOM, finalize, offset=5)
+
+
+def test_bias_oai_expert_routes_and_combine():
+    w = biased(make_weights("int4_g32", 4, 96, 64, True), "both", scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(11, 96, 3, 4, invalid=True)
+    x = x * OAI_X_SCALE
+    y, valid = triton_expert_routes(x, w, ids, activation="swiglu_oai")
+    ref_y, ref_valid = reference_routes(x, w, ids, activation="swiglu_oai")
+    assert torch.equal(valid.cpu(), ref_valid.cpu())
+    assert_matches(torch.where(valid[..., None], y, 0).reshape(-1, 96), ref_y.reshape(-1, 96))
+    out = triton_combine_routes(y, tw, valid)
+    det = run_moe(x, w, tw, ids, "swiglu_oai", "deterministic")
+    assert torch.equal(out, det)
+
+
+@pytest.mark.parametrize("activation", ["swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("bias", ["w13", "w2", "both"])
+def test_masked_bias_oai(bias, activation):
+    """Masked layout: unweighted rows with biases; rows past masked_m stay zero (no bias leaks into them)."""
+    experts, cap, hidden, inter = len(MASKED_M), 20, 96, 64
+    w = biased(make_weights("int4_g32", experts, hidden, inter, True), bias, scale=OAI_B_SCALE)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(experts, cap, hidden, generator=g) * OAI_X_SCALE).to(torch.float16).to(DEV)
+    masked_m = torch.tensor(MASKED_M, dtype=torch.int32, device=DEV)
+    ref = reference_moe_masked(x, w, masked_m, activation=activation)
+    for e, m in enumerate(MASKED_M):
+        x[e, max(0, min(m, cap)):] = float("nan")
+    out = poisoned(x.shape, torch.float16)
+    triton_fused_moe_masked(x, w, masked_m, activation=activation, out=out)
+    for e, m in enumerate(MASKED_M):
+        assert (out[e, max(0, min(m, cap)):] == 0).all()
+    assert_matches(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+
+
+def test_bias_through_the_op_on_triton():
+    """``fused_moe(backend="triton")`` carries the biases and the activation parameters to the kernels."""
+    import w4a16_moe as wm
+
+    w = biased(make_weights("int4_g32", 4, 96, 64, True), "both", scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(9, 96, 2, 4, offset=4, invalid=True)
+    x = x * OAI_X_SCALE
+    act = swiglu_oai(alpha=1.5, limit=2.0)
+    ref = reference_moe(x, w, tw, ids, activation=act, expert_offset=4)
+    for finalize in FINALIZE:
+        assert_matches(wm.fused_moe(x, w, tw, ids, activation=act, finalize=finalize, expert_offset=4,
+                                    backend="triton"), ref)
+    xm = x[:8].reshape(4, 2, 96).contiguous()
+    mm = torch.tensor([2, 1, 0, 2], dtype=torch.int32, device=DEV)
+    refm = reference_moe_masked(xm, w, mm, activation=act)
+    assert_matches(wm.fused_moe_masked(xm, w, mm, activation=act.name, backend="triton").reshape(-1, 96),
+                   refm.reshape(-1, 96))
+
+
 def test_config_table_bounded():
     seen = {triton_moe.select_configs(m, gated)[0].block_m for m in range(1, 5000) for gated in (True, False)}
     assert seen == {16, 32, 64, 128}
@@ -432,14 +563,19 @@ for arch in (90, 80):
         for i, (kind, g, pc, zp, gs, sty) in enumerate(SCHEMES):
             dt = ("bf16", "fp16")[i % 2]
             act, mode = i % 4, i % 3
+            if i == 0 and block_m == 128:
+                act = 4  # swiglu_oai
+            bias = i % 2 == 1 or act == 4  # bf16 biases on odd schemes, fp32 with swiglu_oai
             masked = mode == 2 and block_m != 128
-            cfg = cg if act < 2 else cp
+            cfg = cg if act in (0, 1, 4) else cp
             common = dict(codes_ptr="*u8", scales_ptr=sty, zeros_ptr="*u8", gscale_ptr="*fp32" if gs else "*u8",
+                          bias_ptr=("*fp32" if act == 4 else "*bf16") if bias else "*u8",
                           sorted_ptr="*i32", block_info_ptr="*i32", masked_m_ptr="*i32", num_m="i32", cap="i32")
-            scheme = dict(KIND=kind, PER_CHANNEL=pc, HAS_ZP=zp, HAS_GSCALE=gs, TOPK=8, H=H, I=I, GROUP_M=8)
-            build(gg._gate_up_kernel, dict(common, x_ptr="*" + dt, inter_ptr="*" + dt),
-                  dict(scheme, G=g or H, MASKED=masked, GATED=act < 2, ACT=act, BM=cfg.block_m, BN=cfg.block_n,
-                       BK=cfg.block_k), arch, cfg.num_warps, cfg.num_stages)
+            scheme = dict(KIND=kind, PER_CHANNEL=pc, HAS_ZP=zp, HAS_GSCALE=gs, HAS_BIAS=bias, TOPK=8, H=H, I=I,
+                          GROUP_M=8)
+            build(gg._gate_up_kernel, dict(common, x_ptr="*" + dt, inter_ptr="*" + dt, alpha="fp32", limit="fp32"),
+                  dict(scheme, G=g or H, MASKED=masked, GATED=act in (0, 1, 4), ACT=act, BM=cfg.block_m,
+                       BN=cfg.block_n, BK=cfg.block_k), arch, cfg.num_warps, cfg.num_stages)
             build(gg._down_kernel, dict(common, inter_ptr="*" + dt, out_ptr="*" + dt, topk_w_ptr="*fp32"),
                   dict(scheme, G=g or I, MODE=2 if masked else mode % 2, BM=cd.block_m, BN=cd.block_n,
                        BK=cd.block_k), arch, cd.num_warps, cd.num_stages)
@@ -600,3 +736,96 @@ def test_gpu_masked_cuda_graph():
         torch.cuda.synchronize()
         ref = reference_moe_masked(x, w, masked_m, activation="swiglu")
         assert_matches(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("activation", ["swiglu", "swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("bias", list(BIASES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_bias_swiglu_oai(dtype, bias, activation, finalize):
+    """Biases (BF16 with BF16 activations, FP32 with FP16) x activation x finalize, EP offset and invalid ids."""
+    bdt = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+    scale = 0.5 if activation == "swiglu" else OAI_B_SCALE
+    w = biased(make_weights("mxfp4", 8, 512, 256, True, dtype=dtype), bias, dtype=bdt, scale=scale)
+    for tokens in (1, 64, 300):
+        x, tw, ids = make_inputs(tokens, 512, 4, 8, dtype=dtype, offset=8, invalid=True)
+        if activation != "swiglu":
+            x = x * OAI_X_SCALE
+        check_moe(x, w, tw, ids, activation, finalize, offset=8)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("activation,gated", ACTIVATIONS[2:])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_bias_non_gated(dtype, activation, gated):
+    w = biased(make_weights("int4_g128", 8, 512, 256, gated, dtype=dtype), "both")
+    x, tw, ids = make_inputs(300, 512, 4, 8, dtype=dtype)
+    for finalize in FINALIZE:
+        check_moe(x, w, tw, ids, activation, finalize)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("finalize", FINALIZE)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_gpt_oss_layer_shape(dtype, finalize):
+    """gpt-oss's H = I = 2880 (K tails for BLOCK_K 64/128), MXFP4, BF16 biases, default swiglu_oai, top-4,
+    BLOCK_M 16 to 128 buckets."""
+    w = biased(make_weights("mxfp4", 8, 2880, 2880, True, dtype=dtype), "both", dtype=torch.bfloat16,
+               scale=OAI_B_SCALE)
+    for tokens in (1, 40, 700):
+        x, tw, ids = make_inputs(tokens, 2880, 4, 8, dtype=dtype, offset=8, invalid=True)
+        check_moe(x * OAI_X_SCALE, w, tw, ids, "swiglu_oai", finalize, offset=8)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("activation", ["swiglu_oai", OAI_CUSTOM])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_masked_bias_oai(dtype, activation):
+    experts, cap, hidden, inter = 8, 128, 512, 256
+    masked = [0, 17, 128, 200, -1, 64, 1, 127]
+    w = biased(make_weights("mxfp4", experts, hidden, inter, True, dtype=dtype), "both", dtype=torch.bfloat16,
+               scale=OAI_B_SCALE)
+    x = (torch.randn(experts, cap, hidden, device=DEV) * OAI_X_SCALE).to(dtype)
+    masked_m = torch.tensor(masked, dtype=torch.int32, device=DEV)
+    ref = reference_moe_masked(x, w, masked_m, activation=activation)
+    out = poisoned(x.shape, dtype)
+    triton_fused_moe_masked(x, w, masked_m, activation=activation, out=out)
+    for e, m in enumerate(masked):
+        assert (out[e, max(0, min(m, cap)):] == 0).all()
+    assert_matches(out.reshape(-1, hidden), ref.reshape(-1, hidden))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("finalize", FINALIZE)
+def test_gpu_bias_oai_cuda_graph_and_compile(finalize):
+    """The biased gpt-oss layer through ``fused_moe``: captured in a CUDA graph and under torch.compile."""
+    import w4a16_moe as wm
+
+    experts, hidden, inter, top_k = 8, 512, 256, 4
+    w = biased(make_weights("mxfp4", experts, hidden, inter, True, dtype=torch.bfloat16), "both",
+               dtype=torch.bfloat16, scale=OAI_B_SCALE)
+    x, tw, ids = make_inputs(16, hidden, top_k, experts, dtype=torch.bfloat16)
+    x = x * OAI_X_SCALE
+    kw = dict(activation=OAI_CUSTOM, finalize=finalize, backend="auto")  # auto: CuTe refuses, Triton runs
+    wm.warmup(w, activation=OAI_CUSTOM, top_k=top_k, max_tokens=16, finalize=finalize)
+    out = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wm.fused_moe(x, w, tw, ids, out=out, **kw)
+    for seed in (3, 4):
+        x_n, tw_n, ids_n = make_inputs(16, hidden, top_k, experts, dtype=torch.bfloat16, seed=seed, invalid=True)
+        x.copy_(x_n * OAI_X_SCALE), tw.copy_(tw_n), ids.copy_(ids_n)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_matches(out, reference_moe(x, w, tw, ids, activation=OAI_CUSTOM))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, tw, ids: wm.fused_moe(x, w, tw, ids, **kw) * 2, fullgraph=True)
+    assert_matches(compiled(x, tw, ids) / 2, reference_moe(x, w, tw, ids, activation=OAI_CUSTOM))

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from . import ops
-from .activations import get_activation
+from .activations import Activation, get_activation
 from .formats.quantize import quantize_matrix
 from .formats.schemes import Scheme, get_scheme
 from .formats.weights import MoEWeights
@@ -62,6 +62,11 @@ def _check_tensor_args(**kw: object) -> None:
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(v).__name__}")
 
 
+def _activation_name(activation: object) -> object:
+    """The canonical string form the torch ops carry (an :class:`Activation` is accepted as well)."""
+    return activation.name if isinstance(activation, Activation) else activation
+
+
 def _check_scalar_args(**kw: object) -> None:
     for name, v in kw.items():
         if name == "expert_offset":
@@ -77,7 +82,7 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     *,
-    activation: str = "swiglu",
+    activation: "str | Activation" = "swiglu",
     finalize: str = "deterministic",
     expert_offset: int = 0,
     backend: str = "auto",
@@ -87,11 +92,14 @@ def fused_moe(
 
     Args:
         x: ``[T, H]`` BF16 or FP16, contiguous, on a CUDA GPU.
-        weights: the layer's local experts (:class:`MoEWeights`), on x's device.
+        weights: the layer's local experts (:class:`MoEWeights`), on x's device; their optional
+            per-expert biases (``w13_bias``, ``w2_bias``) are added after the first and the second GEMM.
         topk_weights: ``[T, k]`` FP32 routing weights (used as given: no renormalization).
         topk_ids: ``[T, k]`` int32 (int64 accepted) global expert ids. Local experts are ids
             ``expert_offset .. expert_offset + E - 1``; any other id (-1 included) contributes nothing.
-        activation: ``swiglu`` | ``geglu`` (gated) or ``relu2`` | ``silu`` (non-gated).
+        activation: ``swiglu`` | ``geglu`` | ``swiglu_oai`` (gpt-oss; ``"swiglu_oai(alpha=A,limit=L)"`` or
+            :func:`w4a16_moe.activations.swiglu_oai` for other parameters) (gated) or ``relu2`` | ``silu``
+            (non-gated).
         finalize: ``deterministic`` (fixed top-k-order FP32 combine, bit-identical run to run) or
             ``fused`` (fastest, may use atomics).
         expert_offset: first global id of the local experts (expert parallelism).
@@ -99,8 +107,9 @@ def fused_moe(
         out: optional ``[T, H]`` output of x's dtype to write into.
 
     Returns:
-        ``[T, H]`` in x's dtype: ``sum_j topk_weights[t, j] * w2_e(act(w13_e x[t]))``.
+        ``[T, H]`` in x's dtype: ``sum_j topk_weights[t, j] * (w2_e act(w13_e x[t] + b13_e) + b2_e)``.
     """
+    activation = _activation_name(activation)
     _check_tensor_args(x=x, topk_weights=topk_weights, topk_ids=topk_ids, out=out)
     _check_scalar_args(activation=activation, finalize=finalize, expert_offset=expert_offset, backend=backend)
     if not isinstance(weights, MoEWeights):
@@ -114,7 +123,7 @@ def fused_moe(
 
 
 def fused_moe_masked(
-    x: torch.Tensor, weights: MoEWeights, masked_m: torch.Tensor, *, activation: str = "swiglu",
+    x: torch.Tensor, weights: MoEWeights, masked_m: torch.Tensor, *, activation: "str | Activation" = "swiglu",
     backend: str = "auto",
 ) -> torch.Tensor:
     """Fused MoE in DeepEP's low-latency (masked per-expert) layout.
@@ -127,9 +136,10 @@ def fused_moe_masked(
         activation, backend: as for :func:`fused_moe`.
 
     Returns:
-        ``[E, cap, H]`` in x's dtype: ``w2_e(act(w13_e x[e, r]))`` for real rows (unweighted: DeepEP's
-        combine applies the routing weights), zeros for the others.
+        ``[E, cap, H]`` in x's dtype: ``w2_e act(w13_e x[e, r] + b13_e) + b2_e`` for real rows (unweighted:
+        DeepEP's combine applies the routing weights), zeros for the others.
     """
+    activation = _activation_name(activation)
     _check_tensor_args(x=x, masked_m=masked_m)
     _check_scalar_args(activation=activation, backend=backend)
     if not isinstance(weights, MoEWeights):
@@ -152,7 +162,8 @@ def _warmup_token_counts(num_experts: int, top_k: int, max_tokens: int) -> list[
 
 
 def warmup(
-    weights: MoEWeights, *, dtype: torch.dtype = torch.bfloat16, activation: str = "swiglu", top_k: int = 8,
+    weights: MoEWeights, *, dtype: torch.dtype = torch.bfloat16, activation: "str | Activation" = "swiglu",
+    top_k: int = 8,
     max_tokens: int = 8192, finalize: tuple = ("deterministic", "fused"), expert_offset: int = 0,
     backend: str = "auto", masked_capacity: Optional[int] = None,
 ) -> list[int]:
@@ -165,6 +176,7 @@ def warmup(
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
+    activation = get_activation(_activation_name(activation)).name
     if isinstance(finalize, str):
         finalize = (finalize,)
     if not isinstance(max_tokens, int) or max_tokens < 1:

@@ -8,8 +8,10 @@ validates the call once (one :class:`~w4a16_moe.validate.MoECall`), picks a prov
 from their tensors without re-running :meth:`MoEWeights.validate` when tensors of the same metadata
 were validated before (validation reads only metadata).
 
-Schemas (``W`` stands for the eight weight tensors
-``w13_codes, w13_scales, w13_zeros?, w13_global_scale?, w2_codes, w2_scales, w2_zeros?, w2_global_scale?``)::
+Schemas (``W`` stands for the ten weight tensors
+``w13_codes, w13_scales, w13_zeros?, w13_global_scale?, w2_codes, w2_scales, w2_zeros?, w2_global_scale?,
+w13_bias?, w2_bias?``; ``activation`` is the canonical string form of :mod:`w4a16_moe.activations`, parameters
+included, e.g. ``"swiglu_oai(alpha=1.5,limit=10.0)"``)::
 
     fused_moe(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend) -> Tensor
     fused_moe_out(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out!) -> ()
@@ -31,8 +33,10 @@ __all__ = ["weight_args", "weights_from_args"]
 
 _W = (
     "Tensor w13_codes, Tensor w13_scales, Tensor? w13_zeros, Tensor? w13_global_scale, "
-    "Tensor w2_codes, Tensor w2_scales, Tensor? w2_zeros, Tensor? w2_global_scale"
+    "Tensor w2_codes, Tensor w2_scales, Tensor? w2_zeros, Tensor? w2_global_scale, "
+    "Tensor? w13_bias, Tensor? w2_bias"
 )
+_NW = 10  # weight tensors per call (see _W)
 _ROUTED = "Tensor topk_weights, Tensor topk_ids, str scheme, str activation, str finalize, int expert_offset, str backend"
 
 _lib = torch.library.Library("w4a16_moe", "DEF")
@@ -42,23 +46,28 @@ _lib.define(f"fused_moe_masked(Tensor x, {_W}, Tensor masked_m, str scheme, str 
 
 
 def weight_args(w: MoEWeights) -> tuple:
-    """The eight weight tensors of ``w`` in op-argument order."""
+    """The ten weight tensors of ``w`` in op-argument order (quantized w13, quantized w2, then the biases)."""
     a, b = w.w13, w.w2
-    return (a.codes, a.scales, a.zeros, a.global_scale, b.codes, b.scales, b.zeros, b.global_scale)
+    return (a.codes, a.scales, a.zeros, a.global_scale, b.codes, b.scales, b.zeros, b.global_scale,
+            w.w13_bias, w.w2_bias)
 
 
 def weights_from_args(scheme: str, *t: Optional[torch.Tensor]) -> MoEWeights:
-    """Rebuild :class:`MoEWeights` (validated) from :func:`weight_args` tensors."""
+    """Rebuild :class:`MoEWeights` (validated) from :func:`weight_args` tensors (the two biases may be left
+    out: eight tensors mean no biases)."""
+    if len(t) not in (8, _NW):
+        raise TypeError(f"weights_from_args: expected 8 or {_NW} weight tensors, got {len(t)}")
     sch = get_scheme(scheme)
     w13 = QuantizedMatrix(sch, t[0], t[1], t[2], t[3])
     w2 = QuantizedMatrix(sch, t[4], t[5], t[6], t[7])
     if not isinstance(t[4], torch.Tensor) or t[4].dim() != 3:
         raise TypeError("w2.codes: expected a uint8 tensor [E, H, I/2]")
     gated = isinstance(t[0], torch.Tensor) and t[0].dim() == 3 and t[0].shape[1] == 2 * t[4].shape[2] * 2
-    return MoEWeights(sch, w13, w2, gated)
+    b13, b2 = (t[8], t[9]) if len(t) == _NW else (None, None)
+    return MoEWeights(sch, w13, w2, gated, b13, b2)
 
 
-_VALIDATED: dict = {}  # (scheme, metadata of the eight tensors) -> gated, for layouts validated before
+_VALIDATED: dict = {}  # (scheme, metadata of the ten tensors) -> gated, for layouts validated before
 _VALIDATED_MAX = 1024
 
 
@@ -77,7 +86,8 @@ def _weights(scheme: str, wts: tuple) -> MoEWeights:
         _VALIDATED[key] = w.gated
         return w
     sch = get_scheme(scheme)
-    return MoEWeights.trusted(sch, QuantizedMatrix(sch, *wts[:4]), QuantizedMatrix(sch, *wts[4:]), gated)
+    return MoEWeights.trusted(sch, QuantizedMatrix(sch, *wts[:4]), QuantizedMatrix(sch, *wts[4:8]), gated,
+                              wts[8], wts[9])
 
 
 def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
@@ -91,25 +101,26 @@ def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, ex
 
 
 @torch.library.impl(_lib, "fused_moe", "CompositeExplicitAutograd")
-def _fused_moe(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+def _fused_moe(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias,
                topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
-    wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+    wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias)
     out = torch.empty_like(x)
     _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out)
     return out
 
 
 @torch.library.impl(_lib, "fused_moe_out", "CompositeExplicitAutograd")
-def _fused_moe_out(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                   topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
-    wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+def _fused_moe_out(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
+                   w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+    wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias)
     _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out)
 
 
 @torch.library.impl(_lib, "fused_moe_masked", "CompositeExplicitAutograd")
-def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                      masked_m, scheme, activation, backend):
-    weights = _weights(scheme, (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs))
+def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
+                      w2_bias, masked_m, scheme, activation, backend):
+    weights = _weights(scheme, (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                                w13_bias, w2_bias))
     call = check_masked_call(x, weights, masked_m, activation=activation)
     decision = select_provider(call, resolve_backend(backend))
     out = torch.empty_like(x)
@@ -122,24 +133,28 @@ def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_
 # ------------------------------------------------------------------------------------------------
 
 @torch.library.register_fake("w4a16_moe::fused_moe")
-def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                    topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
-    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
+                    w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                                w13_bias, w2_bias)
     check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize, expert_offset=expert_offset)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("w4a16_moe::fused_moe_out")
 def _fused_moe_out_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                        topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
-    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+                        w13_bias, w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset,
+                        backend, out):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                                w13_bias, w2_bias)
     check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
                    expert_offset=expert_offset, out=out)
 
 
 @torch.library.register_fake("w4a16_moe::fused_moe_masked")
 def _fused_moe_masked_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                           masked_m, scheme, activation, backend):
-    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs)
+                           w13_bias, w2_bias, masked_m, scheme, activation, backend):
+    weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
+                                w13_bias, w2_bias)
     check_masked_call(x, weights, masked_m, activation=activation)
     return torch.empty_like(x)

@@ -40,6 +40,8 @@ class MoECall:
     scheme: str
     #: the expert-parallel first half (:func:`w4a16_moe.routes.expert_routes`): per-route outputs, no combine
     routes_only: bool = False
+    #: the weights carry per-expert biases (``w13_bias`` and/or ``w2_bias``)
+    has_bias: bool = False
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,8 @@ class MaskedCall:
     device: torch.device
     activation: Activation
     scheme: str
+    #: the weights carry per-expert biases (``w13_bias`` and/or ``w2_bias``)
+    has_bias: bool = False
 
 
 def _tensor(t: object, name: str) -> torch.Tensor:
@@ -148,7 +152,7 @@ def check_moe_call(
             raise ValueError("out: must be contiguous")
     return MoECall(
         tokens, top_k, hidden, w.intermediate_size, w.num_experts, x.dtype, x.device, act,
-        str(finalize), off, w.scheme.name,
+        str(finalize), off, w.scheme.name, has_bias=w.has_bias,
     )
 
 
@@ -168,7 +172,8 @@ def check_routes_call(x: object, weights: object, local_ids: object, *, activati
     _same_device(ids, "local_ids", x.device)
     act = check_activation(activation, w)
     return MoECall(tokens, ids.shape[1], hidden, w.intermediate_size, w.num_experts, x.dtype, x.device, act,
-                   "deterministic", 0, w.scheme.name, routes_only=True)
+                   "deterministic", 0, w.scheme.name, routes_only=True,
+                   has_bias=w.has_bias)
 
 
 def check_masked_call(
@@ -198,4 +203,4 @@ def check_masked_call(
         o = _tensor(out, "out")
         if o.dtype != x.dtype or tuple(o.shape) != tuple(x.shape) or o.device != x.device or not o.is_contiguous():
             raise ValueError(f"out: expected a contiguous {x.dtype} tensor {tuple(x.shape)} on {x.device}")
-    return MaskedCall(e, cap, hidden, w.intermediate_size, x.dtype, x.device, act, w.scheme.name)
+    return MaskedCall(e, cap, hidden, w.intermediate_size, x.dtype, x.device, act, w.scheme.name, w.has_bias)

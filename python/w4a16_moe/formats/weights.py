@@ -182,10 +182,12 @@ class MoEWeights:
         self.validate()
 
     @classmethod
-    def trusted(cls, scheme: Scheme, w13: QuantizedMatrix, w2: QuantizedMatrix, gated: bool) -> "MoEWeights":
+    def trusted(cls, scheme: Scheme, w13: QuantizedMatrix, w2: QuantizedMatrix, gated: bool,
+                w13_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None) -> "MoEWeights":
         """Wrap tensors whose metadata already passed :meth:`validate` (the torch ops' per-call rebuild)."""
         w = cls.__new__(cls)
         w.scheme, w.w13, w.w2, w.gated = scheme, w13, w2, gated
+        w.w13_bias, w.w2_bias = w13_bias, w2_bias
         return w
 
     # -- shape -----------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ import functools
 import importlib
 from typing import Optional, Protocol, runtime_checkable
 
-__all__ = ["KernelFamily", "FAMILY_MODULES", "families", "get", "by_spec_family", "GRID_Y_MAX", "shape_reason"]
+__all__ = ["KernelFamily", "FAMILY_MODULES", "families", "get", "by_spec_family", "GRID_Y_MAX", "shape_reason",
+           "feature_reason"]
 
 #: one line per family (the module defining ``DESCRIPTOR``), in order of preference on a device
 FAMILY_MODULES = (
@@ -120,9 +121,22 @@ def by_spec_family(spec_family: str) -> Optional[KernelFamily]:
     return None
 
 
+def feature_reason(call) -> Optional[str]:
+    """Layer features no CuTe kernel implements yet (None when ``call`` uses none of them)."""
+    if getattr(call, "has_bias", False):
+        return "biases (w13_bias/w2_bias) are not supported by the CuTe kernels yet"
+    if call.activation.kind == "swiglu_oai":
+        return "activation swiglu_oai is not supported by the CuTe kernels yet"
+    return None
+
+
 def shape_reason(call) -> Optional[str]:
-    """The shape and dtype rules every CuTe family shares (None when ``call`` meets them)."""
+    """The feature, shape and dtype rules every CuTe family shares (None when ``call`` meets them)."""
     import torch
+
+    why = feature_reason(call)
+    if why:
+        return why
 
     from ...formats.schemes import get_scheme
 

@@ -2,10 +2,11 @@
 
 Two kernels, each one launch per MoE call:
 
-``_gate_up_kernel``  ``inter[p, :] = act(x[row(p)] @ w13[e].T)`` for every sorted position ``p`` of expert ``e``.
-                     For gated activations the program computes the gate tile (w13 rows ``n``) and the up
-                     tile (rows ``I + n``) from the same A tile and applies the activation before the store.
-``_down_kernel``     ``y[p] = inter[p] @ w2[e].T``; the epilogue either stores ``y`` (unweighted) into a
+``_gate_up_kernel``  ``inter[p, :] = act(x[row(p)] @ w13[e].T + b13[e])`` for every sorted position ``p`` of
+                     expert ``e``. For gated activations the program computes the gate tile (w13 rows ``n``)
+                     and the up tile (rows ``I + n``) from the same A tile and applies the activation before
+                     the store.
+``_down_kernel``     ``y[p] = inter[p] @ w2[e].T + b2[e]``; the epilogue either stores ``y`` (unweighted) into a
                      per-route buffer (deterministic finalize), atomically adds ``topk_weight * y`` into
                      ``out[token]`` (fused finalize), or stores into the masked output (DeepEP layout).
 
@@ -18,6 +19,8 @@ Weights are read in the canonical layout (:mod:`w4a16_moe.formats.weights`): cod
 (low nibble = even k), scales ``[E, N, K/g]``, zeros uint8 ``[E, N, K/g]``, global_scale fp32 ``[E, N]``.
 A tile ``W[n0:n0+BN, k0:k0+BK]`` is loaded as bytes ``[BN, BK/2]``, split into nibbles and interleaved back
 to ``[BN, BK]``, scaled per group in FP32, cast to x's dtype and fed transposed to ``tl.dot`` (FP32 accumulate).
+The optional per-expert biases (FP32 or BF16, ``b13 [E, 2I|I]``, ``b2 [E, H]``) are added to the FP32
+accumulators after the column scales: before the activation, and before the routing weight.
 Exact factors are moved out of the K loop: per-channel INT4 scales and the NVFP4 per-row global scale are
 applied to the FP32 accumulator per output column. E2M1, E4M3 and E8M0 are decoded with integer bit
 arithmetic (fp16 bit patterns reinterpreted), which is portable to the interpreter and to sm80+.
@@ -157,10 +160,23 @@ def _column_scale(acc, scales_ptr, gscale_ptr, cols, col_ok, PER_CHANNEL: tl.con
 
 
 @triton.jit
-def _activation(g, u, ACT: tl.constexpr):
-    """FP32 activation codes of :mod:`w4a16_moe.activations`: 0 swiglu, 1 geglu (erf), 2 relu2, 3 silu."""
+def _add_bias(acc, bias_ptr, cols, col_ok, HAS_BIAS: tl.constexpr):
+    """``acc + bias[cols]`` in FP32 (``bias_ptr`` at the expert's row); ``acc`` unchanged without a bias."""
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    return acc
+
+
+@triton.jit
+def _activation(g, u, alpha, limit, ACT: tl.constexpr):
+    """FP32 activation codes of :mod:`w4a16_moe.activations`: 0 swiglu, 1 geglu (erf), 2 relu2, 3 silu,
+    4 swiglu_oai (``alpha``, ``limit``: FP32 scalars, read by code 4 only)."""
     if ACT == 0:
         out = g / (1.0 + tl.exp(-g)) * u
+    elif ACT == 4:
+        gc = tl.minimum(g, limit)
+        uc = tl.minimum(tl.maximum(u, -limit), limit)
+        out = gc / (1.0 + tl.exp(-alpha * gc)) * (uc + 1.0)
     elif ACT == 1:
         out = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476)) * u
     elif ACT == 2:
@@ -213,11 +229,11 @@ def _masked_rows(masked_m_ptr, pid_m, cap, BM: tl.constexpr):
 # --------------------------------------------------------------------------------------------------
 @triton.jit(do_not_specialize=["num_m"])
 def _gate_up_kernel(
-    x_ptr, inter_ptr, codes_ptr, scales_ptr, zeros_ptr, gscale_ptr, sorted_ptr, block_info_ptr, masked_m_ptr,
-    num_m, cap, H: tl.constexpr, I: tl.constexpr,
+    x_ptr, inter_ptr, codes_ptr, scales_ptr, zeros_ptr, gscale_ptr, bias_ptr, sorted_ptr, block_info_ptr,
+    masked_m_ptr, num_m, cap, alpha, limit, H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, MASKED: tl.constexpr, GATED: tl.constexpr, ACT: tl.constexpr, KIND: tl.constexpr,
     G: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_ZP: tl.constexpr, HAS_GSCALE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``inter [P, I] = act(A @ w13[e].T)``; A rows are ``x[route // TOPK]`` (routed) or ``x[e*cap + r]`` (masked)."""
     DT = x_ptr.dtype.element_ty
@@ -237,6 +253,7 @@ def _gate_up_kernel(
     scales_e = scales_ptr + e64 * n_rows * (H // G)
     zeros_e = zeros_ptr + e64 * n_rows * (H // G)
     gscale_e = gscale_ptr + e64 * n_rows
+    bias_e = bias_ptr + e64 * n_rows
 
     cols = pid_n * BN + tl.arange(0, BN)
     col_ok = cols < I
@@ -254,22 +271,24 @@ def _gate_up_kernel(
             acc_u = tl.dot(a, tl.trans(w_u), acc_u)
 
     acc_g = _column_scale(acc_g, scales_e, gscale_e, cols, col_ok, PER_CHANNEL, HAS_GSCALE)
+    acc_g = _add_bias(acc_g, bias_e, cols, col_ok, HAS_BIAS)
     if GATED:
         acc_u = _column_scale(acc_u, scales_e, gscale_e, cols + I, col_ok, PER_CHANNEL, HAS_GSCALE)
-        h = _activation(acc_g, acc_u, ACT)
+        acc_u = _add_bias(acc_u, bias_e, cols + I, col_ok, HAS_BIAS)
+        h = _activation(acc_g, acc_u, alpha, limit, ACT)
     else:
-        h = _activation(acc_g, acc_g, ACT)
+        h = _activation(acc_g, acc_g, alpha, limit, ACT)
     dst = inter_ptr + pos.to(tl.int64)[:, None] * I + cols[None, :]
     tl.store(dst, h.to(DT), mask=row_ok[:, None] & col_ok[None, :])
 
 
 @triton.jit(do_not_specialize=["num_m"])
 def _down_kernel(
-    inter_ptr, out_ptr, codes_ptr, scales_ptr, zeros_ptr, gscale_ptr, sorted_ptr, block_info_ptr, masked_m_ptr,
-    topk_w_ptr,
+    inter_ptr, out_ptr, codes_ptr, scales_ptr, zeros_ptr, gscale_ptr, bias_ptr, sorted_ptr, block_info_ptr,
+    masked_m_ptr, topk_w_ptr,
     num_m, cap, H: tl.constexpr, I: tl.constexpr,
     TOPK: tl.constexpr, MODE: tl.constexpr, KIND: tl.constexpr, G: tl.constexpr, PER_CHANNEL: tl.constexpr,
-    HAS_ZP: tl.constexpr, HAS_GSCALE: tl.constexpr,
+    HAS_ZP: tl.constexpr, HAS_GSCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """``y = inter[p] @ w2[e].T`` with the epilogue selected by ``MODE`` (see DOWN_* constants)."""
@@ -302,6 +321,7 @@ def _down_kernel(
         w = _dequant_tile(codes_e, scales_e, zeros_e, cols, col_ok, k0, I, KIND, G, PER_CHANNEL, HAS_ZP, BK, DT)
         acc = tl.dot(a, tl.trans(w), acc)
     y = _column_scale(acc, scales_e, gscale_e, cols, col_ok, PER_CHANNEL, HAS_GSCALE)
+    y = _add_bias(y, bias_ptr + e64 * H, cols, col_ok, HAS_BIAS)
 
     if MODE == 0:
         dst = out_ptr + route.to(tl.int64)[:, None] * H + cols[None, :]
@@ -364,32 +384,36 @@ def _row_args(rows: RowSource, dummy: torch.Tensor) -> list:
 
 
 def launch_gate_up(x: torch.Tensor, inter: torch.Tensor, w13: QuantizedMatrix, rows: RowSource, *, act_code: int,
-                   gated: bool, cfg: GemmConfig) -> None:
-    """``inter [P, I] = act(x[rows] @ w13.T)`` (x ``[T, H]`` or ``[E*cap, H]``, inter in x's dtype)."""
+                   gated: bool, cfg: GemmConfig, bias: Optional[torch.Tensor] = None, alpha: float = 0.0,
+                   limit: float = 0.0) -> None:
+    """``inter [P, I] = act(x[rows] @ w13.T + bias)`` (x ``[T, H]`` or ``[E*cap, H]``, inter in x's dtype;
+    ``bias [E, 2I|I]`` FP32/BF16 or None; ``alpha``/``limit``: the swiglu_oai parameters, unused otherwise)."""
     hidden = x.shape[-1]
     inter_size = inter.shape[-1]
     w_tensors, consts = _weight_args(w13)
     grid = (rows.num_m * triton.cdiv(inter_size, cfg.block_n),)
     _gate_up_kernel[grid](
-        x, inter, *w_tensors, *_row_args(rows, w13.codes),
-        rows.num_m, rows.cap, hidden, inter_size,
-        TOPK=rows.top_k, MASKED=rows.masked, GATED=gated, ACT=act_code, **consts,
+        x, inter, *w_tensors, bias if bias is not None else w13.codes, *_row_args(rows, w13.codes),
+        rows.num_m, rows.cap, float(alpha), float(limit), hidden, inter_size,
+        TOPK=rows.top_k, MASKED=rows.masked, GATED=gated, ACT=act_code, HAS_BIAS=bias is not None, **consts,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
 
 
 def launch_down(inter: torch.Tensor, out: torch.Tensor, w2: QuantizedMatrix, rows: RowSource, *, mode: int,
-                topk_weights: Optional[torch.Tensor], cfg: GemmConfig) -> None:
-    """Down GEMM ``inter @ w2.T`` with epilogue ``mode``; ``out`` is ybuf ``[R, H]`` or the final output."""
+                topk_weights: Optional[torch.Tensor], cfg: GemmConfig, bias: Optional[torch.Tensor] = None) -> None:
+    """Down GEMM ``inter @ w2.T + bias`` with epilogue ``mode``; ``out`` is ybuf ``[R, H]`` or the final output;
+    ``bias [E, H]`` FP32/BF16 or None (added before the routing weight)."""
     inter_size = inter.shape[-1]
     hidden = w2.n
     w_tensors, consts = _weight_args(w2)
     grid = (rows.num_m * triton.cdiv(hidden, cfg.block_n),)
     _down_kernel[grid](
-        inter, out, *w_tensors, *_row_args(rows, w2.codes), topk_weights if topk_weights is not None else inter,
+        inter, out, *w_tensors, bias if bias is not None else w2.codes, *_row_args(rows, w2.codes),
+        topk_weights if topk_weights is not None else inter,
         rows.num_m, rows.cap, hidden, inter_size,
-        TOPK=rows.top_k, MODE=mode, **consts,
+        TOPK=rows.top_k, MODE=mode, HAS_BIAS=bias is not None, **consts,
         BM=cfg.block_m, BN=cfg.block_n, BK=cfg.block_k, GROUP_M=GROUP_M,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

@@ -11,6 +11,10 @@ Launches per call (no host synchronization anywhere, so a call can be captured i
 * masked (DeepEP LL): gate/up GEMM and down GEMM only (rows are ``x[e, r]`` directly; no route prep and no
   memset: the down GEMM also writes the zero rows).
 
+The weights' optional per-expert biases are added inside the GEMM epilogues (``w13_bias`` before the
+activation, ``w2_bias`` to each route's output before its routing weight); ``swiglu_oai`` takes its
+``alpha``/``limit`` as kernel scalars.
+
 Tile configurations
 -------------------
 The row-block size ``BLOCK_M`` follows the expected rows per expert ``m = cdiv(T*k, min(E, T*k))`` (masked:
@@ -85,8 +89,13 @@ def _routed_gemms(x: torch.Tensor, weights: MoEWeights, ids: torch.Tensor, exper
     plan = prepare_routes(ids, num_experts, expert_offset, cfg_up.block_m)
     rows = RowSource(plan.num_blocks, top_k, plan.sorted_routes, plan.block_info)
     inter = torch.empty(num_routes, weights.intermediate_size, dtype=x.dtype, device=x.device)
-    launch_gate_up(x, inter, weights.w13, rows, act_code=act.code, gated=act.gated, cfg=cfg_up)
+    _gate_up(x, inter, weights, rows, act, cfg_up)
     return inter, rows, cfg_down
+
+
+def _gate_up(x: torch.Tensor, inter: torch.Tensor, weights: MoEWeights, rows: RowSource, act, cfg: GemmConfig) -> None:
+    launch_gate_up(x, inter, weights.w13, rows, act_code=act.code, gated=act.gated, cfg=cfg, bias=weights.w13_bias,
+                   alpha=act.alpha or 0.0, limit=act.limit or 0.0)
 
 
 def triton_fused_moe(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
@@ -110,10 +119,12 @@ def triton_fused_moe(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.T
     inter, rows, cfg_down = _routed_gemms(x, weights, ids, expert_offset, activation)
     if finalize == "fused":
         out.zero_()  # tokens without a valid route stay zero
-        launch_down(inter, out, weights.w2, rows, mode=DOWN_ATOMIC, topk_weights=tw, cfg=cfg_down)
+        launch_down(inter, out, weights.w2, rows, mode=DOWN_ATOMIC, topk_weights=tw, cfg=cfg_down,
+                    bias=weights.w2_bias)
         return
     ybuf = torch.empty(ids.numel(), hidden, dtype=x.dtype, device=x.device)
-    launch_down(inter, ybuf, weights.w2, rows, mode=DOWN_ROUTE_BUFFER, topk_weights=None, cfg=cfg_down)
+    launch_down(inter, ybuf, weights.w2, rows, mode=DOWN_ROUTE_BUFFER, topk_weights=None, cfg=cfg_down,
+                bias=weights.w2_bias)
     launch_finalize(ybuf, tw, out, topk_ids=ids, num_experts=weights.num_experts, expert_offset=expert_offset)
 
 
@@ -134,7 +145,7 @@ def triton_expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.
         return y, valid
     inter, rows, cfg_down = _routed_gemms(x.contiguous(), weights, local_ids.contiguous(), 0, activation)
     launch_down(inter, y.view(-1, hidden), weights.w2, rows, mode=DOWN_ROUTE_BUFFER, topk_weights=None,
-                cfg=cfg_down)
+                cfg=cfg_down, bias=weights.w2_bias)
     return y, valid
 
 
@@ -167,5 +178,6 @@ def triton_fused_moe_masked(x: torch.Tensor, weights: MoEWeights, masked_m: torc
     assert cfg_up.block_m == cfg_down.block_m
     rows = RowSource(num_experts * triton.cdiv(cap, cfg_up.block_m), masked_m=masked_m.contiguous(), cap=cap)
     inter = torch.empty(num_experts * cap, weights.intermediate_size, dtype=x.dtype, device=x.device)
-    launch_gate_up(x.view(-1, hidden), inter, weights.w13, rows, act_code=act.code, gated=act.gated, cfg=cfg_up)
-    launch_down(inter, out.view(-1, hidden), weights.w2, rows, mode=DOWN_MASKED, topk_weights=None, cfg=cfg_down)
+    _gate_up(x.view(-1, hidden), inter, weights, rows, act, cfg_up)
+    launch_down(inter, out.view(-1, hidden), weights.w2, rows, mode=DOWN_MASKED, topk_weights=None, cfg=cfg_down,
+                bias=weights.w2_bias)
