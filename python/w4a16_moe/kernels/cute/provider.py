@@ -9,7 +9,8 @@ One ``fused_moe`` call on SM90 runs (no host synchronization; capturable in a CU
 4. deterministic: the fixed top-k-order FP32 finalize (the Triton provider's kernel, shared so both
    providers combine identically); fused: one cast of ``out32``.
 
-Small routed calls (``T * top_k`` up to a tuned bound, by default 64 routes; see :mod:`.decode.family`)
+Small routed calls (``T * top_k`` up to a tuned bound, by default 64 routes that read each expert's
+weights about once; see :mod:`.decode.family`)
 skip all of that on SM90: two route-major decode kernels (:mod:`.decode.gemv`) read each route's expert
 id straight from ``topk_ids``, write ``h`` by route, and the down kernel combines every token's routes in
 fixed order straight into ``out`` (no route preparation, no finalize pass; deterministic, both finalize
@@ -241,7 +242,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         return None
     else:
         bound = smod.decode_bound(*key)
-    if not dmod.use_decode(call.tokens, call.top_k, bound):
+    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts):
         return None
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
