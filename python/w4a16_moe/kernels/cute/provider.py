@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import os
 from typing import Optional
 
 import torch
@@ -48,7 +49,7 @@ from . import overrides, registry
 from .registry import KernelFamily
 
 __all__ = ["CuteProvider", "PROVIDER", "unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked",
-           "cute_expert_routes", "cute_warmup", "batch_invariant", "family_for", "clear_plans"]
+           "cute_expert_routes", "cute_warmup", "batch_invariant", "family_for", "clear_plans", "plan_of_choice"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -116,7 +117,7 @@ def _counter_tiles(family: KernelFamily, cfg, n: int, max_tiles: int, splits: in
 # planning (host only, cached per call shape)
 # ------------------------------------------------------------------------------------------------------
 _PLANS: dict = {}
-_PLANS_STATE: list = [None, None]
+_PLANS_STATE: list = [None, None, None]
 _PLANS_MAX = 4096
 
 
@@ -127,11 +128,13 @@ def clear_plans() -> None:
 
 def _plan_cached(call, info: DeviceInfo) -> tuple:
     """``(plan or None, reason or None)`` of ``call`` on ``info``, cached by the call's static description,
-    the device, the settings snapshot and the selection overrides."""
-    s, o = settings.get(), overrides.current()
-    if _PLANS_STATE[0] is not s or _PLANS_STATE[1] is not o:
+    the device, the settings snapshot, the selection overrides and the autotune store's generation."""
+    from . import autotune_store
+
+    s, o, g = settings.get(), overrides.current(), autotune_store.generation()
+    if _PLANS_STATE[0] is not s or _PLANS_STATE[1] is not o or _PLANS_STATE[2] != g:
         _PLANS.clear()
-        _PLANS_STATE[:] = [s, o]
+        _PLANS_STATE[:] = [s, o, g]
     key = (call, info)
     hit = _PLANS.get(key)
     if hit is None:
@@ -195,20 +198,93 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     why = _kernels_available(_arch(base, info))
     if why:
         return None, why
+    auto = _autotuned_plan(base, call, sch, dt, info)
+    if auto is not None:
+        return auto, None
     dec = _decode_plan(base, call, sch, dt, info)
     if dec is not None:
         return dec, None
+    note = "forced" if overrides.current().candidate is not None else ""
+    return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note), None
+
+
+def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str) -> Plan:
+    """The grouped-GEMM plan of a routed call with ``tiles`` of ``fam`` and ``splits`` (None: the rule)."""
+    act = call.activation
+    h, i, e = call.hidden, call.intermediate, call.experts
+    n13 = 2 * i if act.gated else i
+    r = call.tokens * call.top_k
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
-    note = "forced" if overrides.current().candidate is not None else ""
-    if call.finalize == "deterministic" and inv:
+    if call.finalize == "deterministic" and batch_invariant():
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    su = fam.num_splits(n13, h, up, r, e, sm) if splits is None else min(splits, h // up.k_tile)
-    sd = fam.num_splits(h, i, down, r, e, sm) if splits is None else min(splits, i // down.k_tile)
-    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info)), None
+    su = fam.num_splits(n13, h, up, r, e, info.sms) if splits is None else min(splits, h // up.k_tile)
+    sd = fam.num_splits(h, i, down, r, e, info.sms) if splits is None else min(splits, i // down.k_tile)
+    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info))
+
+
+def _autotuned_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Optional[Plan]:
+    """The plan of the autotune store's row for this layer and token count (:mod:`.autotune_store`), or
+    None: no row, overrides active, ``W4A16_MOE_CUTE_DECODE=1``, or the row's choice cannot run here."""
+    from . import autotune_store as store
+
+    if overrides.current().any or settings.get().cute_decode == "1":
+        return None
+    key = store.LayerKey(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
+                         call.activation.name, call.finalize)
+    hit = store.lookup(key, call.tokens)
+    if hit is None:
+        return None
+    row, path = hit
+    note = f"autotuned row T={row.tokens}{'' if row.complete else ' (partial)'}, {os.path.basename(path)}"
+    for choice in (row.best, row.grouped):
+        p = None if choice is None else plan_of_choice(call, info, choice, note, base=base, scheme=sch)
+        if p is not None:
+            return p
+    return None
+
+
+def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Optional[KernelFamily] = None,
+                   scheme=None) -> Optional[Plan]:
+    """The plan of routed ``call`` running ``choice`` (:class:`.autotune_store.Choice`: the autotuner's
+    candidates and stored rows), or None when the choice cannot run it here (family not allowed on the
+    device, decode path off for this call, unknown candidate, grid too large)."""
+    from ...formats.schemes import get_scheme
+    from . import autotune_store as store
+
+    if base is None:
+        base, _ = family_for(info)
+        if base is None:
+            return None
+    sch = scheme or get_scheme(call.scheme)
+    dt = _DTYPES[call.dtype]
+    act = call.activation
+    if choice.decode:
+        dec = _decode_beside(base)
+        s = settings.get()
+        if (dec is None or getattr(call, "routes_only", False) or s.batch_invariant or s.cute_decode == "0"
+                or dec.can_implement(call) is not None):
+            return None
+        dmod = _module(dec)
+        knobs = dmod.knob_items(choice.candidate or None)
+        up, down = dec.configs(sch, dt, act.name, act.gated, call.finalize, {"knobs": knobs})
+        parts = (dmod.num_parts(up, call.hidden), dmod.num_parts(down, call.intermediate))
+        return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
+                    (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0,
+                    note or f"knobs {choice.candidate or 'default'}")
+    allowed = {base.name} | ({"warp"} if base.name == "sm90" and settings.get().cute_family == "auto" else set())
+    if choice.family not in allowed:
+        return None
+    tiles = store.candidate_tiles(choice.family).get(choice.candidate)
+    if tiles is None:
+        return None
+    fam = registry.get(choice.family)
+    if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.max_grid_y:
+        return None
+    return _routed_grouped_plan(base, fam, call, sch, dt, info, dict(tiles), choice.splits, note)
 
 
 def _arch(base: KernelFamily, info: DeviceInfo) -> str:
