@@ -352,3 +352,11 @@ def test_autotune_one_small_layer_on_the_gpu():
         tw = torch.softmax(torch.randn(t, 2, device="cuda"), dim=1)
         out = w4a16_moe.fused_moe(x, w, tw, ids, backend="cute")
         assert nrmse(out, w4a16_moe.reference_moe(x, w, tw, ids)) < 0.02
+
+
+def test_plan_notes_say_where_a_choice_came_from():
+    assert provider.plan(_call(2048), H200).note == "tuned row T=2048"  # W1: the tuned table
+    assert "tuned bound 128 routes" in provider.plan(_call(4), H200).note
+    other = dict(experts=8, hidden=2048, intermediate=1024, scheme="int4_g128", top_k=2)
+    assert provider.plan(_call(2048, **other), H200).note == "rule"
+    assert "cost model: re-read 1.46x" in provider.plan(_call(4, **other), H200).note

@@ -204,8 +204,18 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     dec = _decode_plan(base, call, sch, dt, info)
     if dec is not None:
         return dec, None
-    note = "forced" if overrides.current().candidate is not None else ""
+    note = "forced" if overrides.current().candidate is not None else _table_note(base, call, dt, info)
     return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note), None
+
+
+def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
+    """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule."""
+    counts = getattr(_module(base), "tuned_token_counts", None)
+    rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k) if counts else []
+    if not rows:
+        return "rule"
+    below = [t for t in rows if t <= call.tokens]
+    return f"tuned row T={below[-1] if below else rows[0]}"
 
 
 def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str) -> Plan:
@@ -327,6 +337,12 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         text = smod.decode_knobs(call.tokens, *key)
         knobs = dmod.knob_items(text)
         note = f"knobs {text}" if text else "default knobs"
+        if settings.get().cute_decode == "1":
+            note += ", W4A16_MOE_CUTE_DECODE=1"
+        elif bound is not None:
+            note += f", tuned bound {bound} routes"
+        else:
+            note += f", cost model: re-read {dmod.reread_factor(call.tokens, call.top_k, call.experts):.2f}x"
     up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs})
     parts = (dmod.num_parts(up, call.hidden), dmod.num_parts(down, call.intermediate))
     return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
