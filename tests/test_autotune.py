@@ -21,13 +21,15 @@ from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
 from w4a16_moe.validate import MoECall
 
+_REAL_STORE_DIR = store.store_dir
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
 W1 = dict(experts=384, hidden=7168, intermediate=256, scheme="int4_g32", top_k=8)
 
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
-    monkeypatch.setenv("W4A16_MOE_CACHE_DIR", str(tmp_path / "cache"))
+    # results in a temp dir (the JIT cache stays where it is: the GPU test compiles nothing twice)
+    monkeypatch.setattr(store, "store_dir", lambda: tmp_path / "autotune")
     monkeypatch.delenv("W4A16_MOE_CUTE_DECODE", raising=False)
     monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
     monkeypatch.delenv("W4A16_MOE_CUTE_FAMILY", raising=False)
@@ -64,7 +66,9 @@ def test_key_text_and_file_name():
     assert k.filename().startswith("nvidia-h200-e384-h7168-i256-int4_g32-bf16-k8-swiglu-deterministic-")
     assert len({_key().filename(), _key("fused").filename(), _key(gpu="NVIDIA H100").filename(),
                 _key(dtype="fp16").filename(), _key(top_k=6).filename()}) == 5
-    assert store.store_dir() == store.store_dir().parent / "autotune"
+    from w4a16_moe.loader import jit_cache
+
+    assert _REAL_STORE_DIR() == jit_cache.cache_dir() / "autotune"
 
 
 def test_round_trip_and_merge(tmp_path):
