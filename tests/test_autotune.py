@@ -364,3 +364,58 @@ def test_plan_notes_say_where_a_choice_came_from():
     other = dict(experts=8, hidden=2048, intermediate=1024, scheme="int4_g128", top_k=2)
     assert provider.plan(_call(2048, **other), H200).note == "rule"
     assert "cost model: re-read 1.46x" in provider.plan(_call(4, **other), H200).note
+
+
+def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
+    """The whole tuner off the GPU: fake device, kernels that write the reference (one candidate wrong),
+    fake timings; rows are stored, the plans use them, and a second run measures nothing."""
+    import w4a16_moe.device as device
+    from w4a16_moe.reference import reference_moe
+
+    w = random_weights("int4_g128", 8, 256, 256, dtype=torch.bfloat16)
+    monkeypatch.setattr(device, "probe", lambda dev: H200)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    import w4a16_moe.loader as loader
+
+    monkeypatch.setattr(loader, "kernel_status", lambda spec, arch: ("prebuilt", "fake"))
+    bad = candidate_name(fam.CANDIDATES[1])
+    fast = Choice("sm90", candidate_name(fam.CANDIDATES[3]), 2)
+    seen, refs = [], {}
+
+    def fake_run(x, weights, tw, ids, *, call, out, plan):
+        seen.append(plan)
+        if x.data_ptr() not in refs:
+            refs.clear()
+            refs[x.data_ptr()] = reference_moe(x, weights, tw, ids)
+        out.copy_(refs[x.data_ptr()])
+        if not plan.decode and dict(plan.tiles) == fam.CANDIDATES[1]:
+            out.mul_(2)  # a wrong candidate: fails the NRMSE check
+
+    def fake_time(fn):
+        p = seen[-1]
+        if p.decode:
+            return 30.0
+        return 10.0 if provider.plan_of_choice(_small(1), H200, fast).configs == p.configs and p.splits == (2, 2) \
+            else 20.0
+
+    def _small(t, fin="deterministic"):
+        return MoECall(t, 2, 256, 256, 8, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"), fin, 0,
+                       "int4_g128")
+
+    monkeypatch.setattr(provider, "cute_fused_moe", fake_run)
+    monkeypatch.setattr(autotune, "_time_us", fake_time)
+    res = autotune.autotune_layer(w, torch.bfloat16, "swiglu", 2, 4, ("deterministic",), budget_s=60)
+    assert set(res) == {"deterministic"}
+    ent = store.read_entry(_key(experts=8, hidden=256, intermediate=256, scheme="int4_g128", top_k=2))
+    assert sorted(ent["rows"]) == [1, 2, 4] and all(r.complete for r in ent["rows"].values())
+    for t, r in ent["rows"].items():  # the fast plan won (under whichever split-K argument gives it first)
+        assert r.best == r.grouped and r.us == 10.0, r
+        pb, pf = provider.plan_of_choice(_small(t), H200, r.best), provider.plan_of_choice(_small(t), H200, fast)
+        assert (pb.configs, pb.splits) == (pf.configs, pf.splits), r
+    assert not any(not p.decode and dict(p.tiles) == fam.CANDIDATES[1] for p in [
+        provider.plan_of_choice(_small(1), H200, r.best) for r in ent["rows"].values()])
+    p = provider.plan(_small(3), H200)
+    assert "autotuned row T=2" in p.note and dict(p.tiles) == fam.CANDIDATES[3] and p.splits == (2, 2)
+    seen.clear()
+    assert autotune.autotune_layer(w, torch.bfloat16, "swiglu", 2, 4, ("deterministic",), budget_s=60) == {}
+    assert seen == []  # everything already tuned: nothing measured
