@@ -15,7 +15,7 @@ import torch
 from conftest import nrmse, random_routing, random_weights
 from w4a16_moe.activations import get_activation
 from w4a16_moe.device import DeviceInfo
-from w4a16_moe.kernels.cute import autotune, autotune_store as store, overrides, provider
+from w4a16_moe.kernels.cute import autotune, autotune_store as store, choice_plan, overrides, provider
 from w4a16_moe.kernels.cute.autotune_store import Choice, LayerKey, Row
 from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
@@ -289,7 +289,7 @@ def test_candidates_only_what_the_loader_has():
     assert Choice("decode", "") in every
     assert len(every) == len(set(every))
     # one per distinct plan: split-K choices that give the same plan are timed once
-    plans = [provider.plan_of_choice(call, H200, c) for c in every]
+    plans = [choice_plan.plan_of_choice(call, H200, c) for c in every]
     assert len({(p.family, p.configs, p.splits) for p in plans}) == len(plans)
     assert autotune.candidates(call, H200, status=lambda spec, arch: ("jit", "")) == []
     assert autotune.candidates(call, H200, allow_jit=True, status=lambda s, a: ("jit", ""))
@@ -305,7 +305,7 @@ def test_default_choice_reproduces_the_plan(tokens):
     for layer in (W1, dict(experts=8, hidden=2048, intermediate=1024, scheme="int4_g128", top_k=2)):
         call = _call(tokens, **layer)
         c = autotune._default_choice(call, H200)
-        want, got = provider.plan(call, H200), provider.plan_of_choice(call, H200, c)
+        want, got = provider.plan(call, H200), choice_plan.plan_of_choice(call, H200, c)
         assert (got.family, got.configs, got.splits) == (want.family, want.configs, want.splits), (layer, tokens)
 
 
@@ -378,7 +378,6 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
     import w4a16_moe.loader as loader
 
     monkeypatch.setattr(loader, "kernel_status", lambda spec, arch: ("prebuilt", "fake"))
-    bad = candidate_name(fam.CANDIDATES[1])
     fast = Choice("sm90", candidate_name(fam.CANDIDATES[3]), 2)
     seen, refs = [], {}
 
@@ -395,7 +394,7 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
         p = seen[-1]
         if p.decode:
             return 30.0
-        return 10.0 if provider.plan_of_choice(_small(1), H200, fast).configs == p.configs and p.splits == (2, 2) \
+        return 10.0 if choice_plan.plan_of_choice(_small(1), H200, fast).configs == p.configs and p.splits == (2, 2) \
             else 20.0
 
     def _small(t, fin="deterministic"):
@@ -410,10 +409,10 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
     assert sorted(ent["rows"]) == [1, 2, 4] and all(r.complete for r in ent["rows"].values())
     for t, r in ent["rows"].items():  # the fast plan won (under whichever split-K argument gives it first)
         assert r.best == r.grouped and r.us == 10.0, r
-        pb, pf = provider.plan_of_choice(_small(t), H200, r.best), provider.plan_of_choice(_small(t), H200, fast)
+        pb, pf = choice_plan.plan_of_choice(_small(t), H200, r.best), choice_plan.plan_of_choice(_small(t), H200, fast)
         assert (pb.configs, pb.splits) == (pf.configs, pf.splits), r
     assert not any(not p.decode and dict(p.tiles) == fam.CANDIDATES[1] for p in [
-        provider.plan_of_choice(_small(1), H200, r.best) for r in ent["rows"].values()])
+        choice_plan.plan_of_choice(_small(1), H200, r.best) for r in ent["rows"].values()])
     p = provider.plan(_small(3), H200)
     assert "autotuned row T=2" in p.note and dict(p.tiles) == fam.CANDIDATES[3] and p.splits == (2, 2)
     seen.clear()

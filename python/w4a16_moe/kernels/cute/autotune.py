@@ -108,7 +108,7 @@ def select_rows(grid: Iterable[int], candidates_of: Callable, measure: Callable,
 # ------------------------------------------------------------------------------------------------------
 def _default_choice(call, info) -> Optional[Choice]:
     """What selection picks for ``call`` without the autotune store, as a :class:`Choice`."""
-    from . import provider
+    from . import choice_plan, provider
     from .sm90.tuned import candidate_name
 
     with store.bypass():
@@ -119,7 +119,7 @@ def _default_choice(call, info) -> Optional[Choice]:
         return Choice("decode", _knob_text(dict(p.tiles).get("knobs", ())), None)
     name = candidate_name(dict(p.tiles))
     for sp in (None, max(p.splits)):  # the rule's split-K, else the explicit one that reproduces the plan
-        q = provider.plan_of_choice(call, info, Choice(p.family, name, sp))
+        q = choice_plan.plan_of_choice(call, info, Choice(p.family, name, sp))
         if q is not None and q.splits == p.splits:
             return Choice(p.family, name, sp)
     return Choice(p.family, name, None)
@@ -148,8 +148,7 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     default :func:`w4a16_moe.loader.kernel_status`: prebuilt or JIT cache; ``"jit"`` too when ``allow_jit``),
     one per distinct plan, in the order they are timed."""
     from ... import settings
-    from . import provider
-    from .decode import family as dec
+    from . import choice_plan, provider
     from .sm90 import family as sm90
     from .warp import family as warp
     from .sm90.tuned import candidate_name
@@ -175,7 +174,7 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     out += [Choice(f, c, sp) for f, c in grouped for sp in SPLITS]
     seen, kept, ok = set(), [], {}
     for c in out:
-        p = provider.plan_of_choice(call, info, c)
+        p = choice_plan.plan_of_choice(call, info, c)
         if p is None:
             continue
         ident = (p.family, p.configs, p.splits)
@@ -276,7 +275,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     from ...log import logger
     from ...reference import reference_moe
     from ...validate import MoECall
-    from . import provider
+    from . import choice_plan
     from .provider import _DTYPES, cute_fused_moe
 
     check_not_capturing()
@@ -316,7 +315,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
 
         def measure(t, choice):
             call = calls[t]
-            p = provider.plan_of_choice(call, info, choice)
+            p = choice_plan.plan_of_choice(call, info, choice)
             if p is None:
                 return None
             x, tw, ids, ref = case(t)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from typing import Optional
 
 import torch
@@ -49,7 +48,7 @@ from . import overrides, registry
 from .registry import KernelFamily
 
 __all__ = ["CuteProvider", "PROVIDER", "unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked",
-           "cute_expert_routes", "cute_warmup", "batch_invariant", "family_for", "clear_plans", "plan_of_choice"]
+           "cute_expert_routes", "cute_warmup", "batch_invariant", "family_for", "clear_plans"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -198,7 +197,9 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     why = _kernels_available(_arch(base, info))
     if why:
         return None, why
-    auto = _autotuned_plan(base, call, sch, dt, info)
+    from .choice_plan import autotuned_plan
+
+    auto = autotuned_plan(base, call, sch, dt, info)
     if auto is not None:
         return auto, None
     dec = _decode_plan(base, call, sch, dt, info)
@@ -234,67 +235,6 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     su = fam.num_splits(n13, h, up, r, e, info.sms) if splits is None else min(splits, h // up.k_tile)
     sd = fam.num_splits(h, i, down, r, e, info.sms) if splits is None else min(splits, i // down.k_tile)
     return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info))
-
-
-def _autotuned_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Optional[Plan]:
-    """The plan of the autotune store's row for this layer and token count (:mod:`.autotune_store`), or
-    None: no row, overrides active, ``W4A16_MOE_CUTE_DECODE=1``, or the row's choice cannot run here."""
-    from . import autotune_store as store
-
-    if overrides.current().any or settings.get().cute_decode == "1":
-        return None
-    key = store.LayerKey(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
-                         call.activation.name, call.finalize)
-    hit = store.lookup(key, call.tokens)
-    if hit is None:
-        return None
-    row, path = hit
-    note = f"autotuned row T={row.tokens}{'' if row.complete else ' (partial)'}, {os.path.basename(path)}"
-    for choice in (row.best, row.grouped):
-        p = None if choice is None else plan_of_choice(call, info, choice, note, base=base, scheme=sch)
-        if p is not None:
-            return p
-    return None
-
-
-def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Optional[KernelFamily] = None,
-                   scheme=None) -> Optional[Plan]:
-    """The plan of routed ``call`` running ``choice`` (:class:`.autotune_store.Choice`: the autotuner's
-    candidates and stored rows), or None when the choice cannot run it here (family not allowed on the
-    device, decode path off for this call, unknown candidate, grid too large)."""
-    from ...formats.schemes import get_scheme
-    from . import autotune_store as store
-
-    if base is None:
-        base, _ = family_for(info)
-        if base is None:
-            return None
-    sch = scheme or get_scheme(call.scheme)
-    dt = _DTYPES[call.dtype]
-    act = call.activation
-    if choice.decode:
-        dec = _decode_beside(base)
-        s = settings.get()
-        if (dec is None or getattr(call, "routes_only", False) or s.batch_invariant or s.cute_decode == "0"
-                or dec.can_implement(call) is not None):
-            return None
-        dmod = _module(dec)
-        knobs = dmod.knob_items(choice.candidate or None)
-        up, down = dec.configs(sch, dt, act.name, act.gated, call.finalize, {"knobs": knobs})
-        parts = (dmod.num_parts(up, call.hidden), dmod.num_parts(down, call.intermediate))
-        return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
-                    (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0,
-                    note or f"knobs {choice.candidate or 'default'}")
-    allowed = {base.name} | ({"warp"} if base.name == "sm90" and settings.get().cute_family == "auto" else set())
-    if choice.family not in allowed:
-        return None
-    tiles = store.candidate_tiles(choice.family).get(choice.candidate)
-    if tiles is None:
-        return None
-    fam = registry.get(choice.family)
-    if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.max_grid_y:
-        return None
-    return _routed_grouped_plan(base, fam, call, sch, dt, info, dict(tiles), choice.splits, note)
 
 
 def _arch(base: KernelFamily, info: DeviceInfo) -> str:
