@@ -143,10 +143,12 @@ def _knob_text(knobs: tuple) -> str:
     return "/".join(parts)
 
 
-def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] = None) -> list:
+def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] = None,
+               memo: Optional[dict] = None) -> list:
     """The choices worth timing for ``call`` on ``info`` whose kernels the loader has (``status(spec, arch)``,
     default :func:`w4a16_moe.loader.kernel_status`: prebuilt or JIT cache; ``"jit"`` too when ``allow_jit``),
-    one per distinct plan, in the order they are timed."""
+    one per distinct plan, in the order they are timed. ``memo``: the loader's answers per (spec, arch),
+    shared between the token counts of one tuning run (each answer checks a library's checksum)."""
     from ... import settings
     from . import choice_plan, provider
     from .sm90 import family as sm90
@@ -172,7 +174,8 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     if base.name == "warp" or (base.name == "sm90" and s.cute_family == "auto"):
         grouped += [("warp", candidate_name(t)) for _, t in warp.TILES]
     out += [Choice(f, c, sp) for f, c in grouped for sp in SPLITS]
-    seen, kept, ok = set(), [], {}
+    seen, kept = set(), []
+    ok = {} if memo is None else memo
     for c in out:
         p = choice_plan.plan_of_choice(call, info, c)
         if p is None:
@@ -287,7 +290,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     budget = Budget(budget_s, clock)
     packed_before = _layout_keys(weights)
     grid = token_grid(max_tokens)
-    out = {}
+    out, memo = {}, {}
     finalizes = list(finalizes)
     for n, fin in enumerate(finalizes):
         key = store.LayerKey(info.name, e, h, i, weights.scheme.name, dt, top_k, act.name, fin)
@@ -311,7 +314,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
             return data[t]
 
         def candidates_of(t):
-            return _default_choice(calls[t], info), candidates(calls[t], info, allow_jit)
+            return _default_choice(calls[t], info), candidates(calls[t], info, allow_jit, memo=memo)
 
         def measure(t, choice):
             call = calls[t]
