@@ -78,6 +78,9 @@ def test_use_decode_rule(monkeypatch):
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
     assert not dec.use_decode(1, 8)
+    monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "0")
+    # the tuned bound is the only test where there is one (no re-read test)
+    assert dec.use_decode(8, 8, max_routes=64, num_experts=8)
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "yes")
     with pytest.raises(ValueError, match="W4A16_MOE_CUTE_DECODE"):
         dec.mode()
@@ -129,3 +132,31 @@ def test_bad_configs_are_refused():
         Sm90W4A16DecodeGemv(DecodeGemvConfig(warps=3))
     with pytest.raises(ValueError, match="ctas"):
         Sm90W4A16DecodeGemv(DecodeGemvConfig(ctas=-1))
+
+
+def test_reread_factor():
+    assert dec.expected_experts(1, 8, 384) == pytest.approx(8.0)
+    assert dec.expected_experts(1, 8, 8) == pytest.approx(8.0)  # a token's experts are distinct
+    assert dec.expected_experts(32, 2, 8) == pytest.approx(8.0, abs=1e-3)
+    assert dec.reread_factor(32, 2, 8) == pytest.approx(8.0, abs=1e-3)  # 64 routes on 8 experts
+    assert dec.reread_factor(1, 8, 8) == pytest.approx(1.0)
+    assert dec.reread_factor(2, 8, 8) == pytest.approx(2.0)
+    assert dec.expected_experts(0, 8, 8) == 0.0 and dec.reread_factor(0, 8, 8) == 1.0
+
+
+@pytest.mark.parametrize("experts,top_k,largest", [
+    (8, 2, 4),      # few large experts, top-2: 5 tokens re-read each expert 1.64x
+    (128, 8, 8),    # 128 small experts, top-8: the 64-route bound decides (8 tokens: 1.24x)
+    (64, 6, 10),    # 64 experts, top-6: 10 tokens 1.497x; 11 tokens are past both bounds
+    (384, 8, 8),    # W1's shape untuned (e.g. FP16): the route bound decides (8 tokens: 1.08x)
+    (8, 8, 1),      # top-8 of 8: two tokens read every expert twice
+])
+def test_decode_rule_by_reread(monkeypatch, experts, top_k, largest):
+    """Untuned layers: the decode path only where it reads each expert's weights about once."""
+    monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
+    took = [t for t in range(1, 129) if dec.use_decode(t, top_k, None, experts)]
+    assert took == list(range(1, largest + 1))
+    for t in took:
+        assert t * top_k <= dec.DECODE_MAX_ROUTES and dec.reread_factor(t, top_k, experts) <= dec.MAX_REREAD
+    assert dec.use_decode(largest + 1, top_k) == ((largest + 1) * top_k <= dec.DECODE_MAX_ROUTES)  # no E: old rule

@@ -165,7 +165,8 @@ def warmup(
     weights: MoEWeights, *, dtype: torch.dtype = torch.bfloat16, activation: "str | Activation" = "swiglu",
     top_k: int = 8,
     max_tokens: int = 8192, finalize: tuple = ("deterministic", "fused"), expert_offset: int = 0,
-    backend: str = "auto", masked_capacity: Optional[int] = None,
+    backend: str = "auto", masked_capacity: Optional[int] = None, autotune: Optional[bool] = None,
+    autotune_budget_s: float = 60.0, autotune_jit: bool = False,
 ) -> list[int]:
     """Compile / load every kernel and pack ``weights`` for calls of 1..``max_tokens`` tokens.
 
@@ -173,6 +174,13 @@ def warmup(
     load, weight packing) raises instead of corrupting the capture. Runs real calls on synthetic inputs
     for token counts that reach every tile configuration; returns those token counts.
     ``masked_capacity``: also warm up :func:`fused_moe_masked` for ``x [E, masked_capacity, H]``.
+
+    ``autotune`` (default: ``W4A16_MOE_AUTOTUNE``): first time the CuTe provider's candidates for this
+    layer on this GPU (:mod:`w4a16_moe.kernels.cute.autotune`) within ``autotune_budget_s`` seconds, using
+    only kernels that are prebuilt or cached (``autotune_jit=True``: compiling allowed), and store the
+    fastest per token count in the project-local cache; the plans of this layer use them from then on,
+    in this and later processes (token counts already tuned for the running versions are not measured
+    again). Raises inside CUDA-graph capture. Calls after warmup tune and compile nothing.
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
@@ -183,6 +191,16 @@ def warmup(
         raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
+    if autotune is None:
+        from . import settings
+
+        autotune = settings.get().autotune
+    if autotune:
+        from .kernels.cute.autotune import check_not_capturing
+
+        check_not_capturing()
+        if not (isinstance(autotune_budget_s, (int, float)) and autotune_budget_s > 0):
+            raise ValueError(f"autotune_budget_s: expected a positive number of seconds, got {autotune_budget_s!r}")
     dev = weights.device
     e = weights.num_experts
     tokens = _warmup_token_counts(e, top_k, max_tokens)
@@ -196,6 +214,11 @@ def warmup(
     if select_provider(call, resolve_backend(backend)).provider == "cute":
         from .kernels.cute.provider import cute_warmup
 
+        if autotune:
+            from .kernels.cute.autotune import autotune_layer
+
+            autotune_layer(weights, dtype, activation, top_k, max_tokens, tuple(finalize), autotune_budget_s,
+                           autotune_jit)
         cute_warmup(weights, dtype, activation, max_tokens, top_k, finalizes=tuple(finalize))
     for t in tokens:
         x = torch.zeros(t, weights.hidden_size, dtype=dtype, device=dev)

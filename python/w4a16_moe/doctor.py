@@ -5,7 +5,8 @@ cache location, prebuilt kernels and the torch op library, the provider decision
 (``--scheme``, ``--dtype``, ``--hidden``, ``--intermediate``, ``--experts``, ``--activation``,
 ``--backend``) and where the CuTe kernels of that case would come from on ``--arch`` (default: this
 GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and why; and the plan of a one-token call of the case
-(provider, kernel family, tiles, split-K, decode or not, kernels).
+(provider, kernel family, tiles, split-K, decode or not, kernels, and where the choice came from: an
+autotuned row, the tuned table, the rule or the decode cost model); where the autotuner's results live.
 """
 
 from __future__ import annotations
@@ -48,6 +49,19 @@ def _loader_info() -> dict:
 
         describe = getattr(loader, "describe", None)
         return describe() if describe else {"status": "loader not available in this version"}
+    except Exception as exc:  # the doctor must always print something useful
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _autotune_info() -> dict:
+    """Where the autotuner's results live, how many layers it holds, and warmup's default."""
+    try:
+        from . import settings
+        from .kernels.cute.autotune_store import store_dir
+
+        d = store_dir()
+        n = len(list(d.glob("*.json"))) if d.is_dir() else 0
+        return {"dir": str(d), "layers": n, "warmup_default": bool(settings.get().autotune)}
     except Exception as exc:  # the doctor must always print something useful
         return {"error": f"{type(exc).__name__}: {exc}"}
 
@@ -125,6 +139,7 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
                    "capability": list(info.capability) if info.capability else None, "sm_count": info.sm_count},
         "providers": providers,
         "kernels": _loader_info(),
+        "autotune": _autotune_info(),
         "case": {"scheme": call.scheme, "dtype": dtype, "hidden": hidden, "intermediate": intermediate,
                  "experts": experts, "top_k": top_k, "activation": activation},
         "decision": decision,
@@ -160,6 +175,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"provider : {p:9s} {why}")
     for key, val in (r["kernels"] or {}).items():
         print(f"kernels  : {key}: {val}")
+    at = r["autotune"]
+    print("autotune : " + (at["error"] if "error" in at else
+                           f"{at['layers']} tuned layers in {at['dir']} (warmup autotunes by default: "
+                           f"{'yes' if at['warmup_default'] else 'no, W4A16_MOE_AUTOTUNE=0'}); plans say "
+                           "where their choice came from"))
     c = r["case"]
     print(f"case     : {c['scheme']} {c['dtype']} H={c['hidden']} I={c['intermediate']} E={c['experts']} "
           f"top-{c['top_k']} {c['activation']}")

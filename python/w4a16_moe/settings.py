@@ -95,6 +95,10 @@ SETTINGS = (
     Setting("W4A16_MOE_BATCH_INVARIANT", "batch_invariant", "bool", False,
             "Deterministic calls never split K and never take the decode kernels, so a route's result does not "
             "depend on its batch (expert parallelism then reproduces one GPU bit for bit)."),
+    Setting("W4A16_MOE_AUTOTUNE", "autotune", "bool", False,
+            "Default of `warmup(..., autotune=)`: time the CuTe provider's candidates for the layer on this GPU "
+            "(kernels already prebuilt or cached only; bounded in time) and store the fastest per token count in "
+            "`<cache dir>/autotune`, which every later plan of that layer uses."),
     Setting("W4A16_MOE_PDL", "pdl", "bool", True,
             "Programmatic dependent launch between the kernels of a call (SM90+); `0` turns it off for the "
             "route preparation and the finalize."),

@@ -9,7 +9,8 @@ One ``fused_moe`` call on SM90 runs (no host synchronization; capturable in a CU
 4. deterministic: the fixed top-k-order FP32 finalize (the Triton provider's kernel, shared so both
    providers combine identically); fused: one cast of ``out32``.
 
-Small routed calls (``T * top_k`` up to a tuned bound, by default 64 routes; see :mod:`.decode.family`)
+Small routed calls (``T * top_k`` up to a tuned bound, by default 64 routes that read each expert's
+weights about once; see :mod:`.decode.family`)
 skip all of that on SM90: two route-major decode kernels (:mod:`.decode.gemv`) read each route's expert
 id straight from ``topk_ids``, write ``h`` by route, and the down kernel combines every token's routes in
 fixed order straight into ``out`` (no route preparation, no finalize pass; deterministic, both finalize
@@ -115,7 +116,7 @@ def _counter_tiles(family: KernelFamily, cfg, n: int, max_tiles: int, splits: in
 # planning (host only, cached per call shape)
 # ------------------------------------------------------------------------------------------------------
 _PLANS: dict = {}
-_PLANS_STATE: list = [None, None]
+_PLANS_STATE: list = [None, None, None]
 _PLANS_MAX = 4096
 
 
@@ -126,11 +127,13 @@ def clear_plans() -> None:
 
 def _plan_cached(call, info: DeviceInfo) -> tuple:
     """``(plan or None, reason or None)`` of ``call`` on ``info``, cached by the call's static description,
-    the device, the settings snapshot and the selection overrides."""
-    s, o = settings.get(), overrides.current()
-    if _PLANS_STATE[0] is not s or _PLANS_STATE[1] is not o:
+    the device, the settings snapshot, the selection overrides and the autotune store's generation."""
+    from . import autotune_store
+
+    s, o, g = settings.get(), overrides.current(), autotune_store.generation()
+    if _PLANS_STATE[0] is not s or _PLANS_STATE[1] is not o or _PLANS_STATE[2] != g:
         _PLANS.clear()
-        _PLANS_STATE[:] = [s, o]
+        _PLANS_STATE[:] = [s, o, g]
     key = (call, info)
     hit = _PLANS.get(key)
     if hit is None:
@@ -194,20 +197,44 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     why = _kernels_available(_arch(base, info))
     if why:
         return None, why
+    from .choice_plan import autotuned_plan
+
+    auto = autotuned_plan(base, call, sch, dt, info)
+    if auto is not None:
+        return auto, None
     dec = _decode_plan(base, call, sch, dt, info)
     if dec is not None:
         return dec, None
+    note = "forced" if overrides.current().candidate is not None else _table_note(base, call, dt, info)
+    return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note), None
+
+
+def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
+    """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule."""
+    counts = getattr(_module(base), "tuned_token_counts", None)
+    rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k) if counts else []
+    if not rows:
+        return "rule"
+    below = [t for t in rows if t <= call.tokens]
+    return f"tuned row T={below[-1] if below else rows[0]}"
+
+
+def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str) -> Plan:
+    """The grouped-GEMM plan of a routed call with ``tiles`` of ``fam`` and ``splits`` (None: the rule)."""
+    act = call.activation
+    h, i, e = call.hidden, call.intermediate, call.experts
+    n13 = 2 * i if act.gated else i
+    r = call.tokens * call.top_k
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
-    note = "forced" if overrides.current().candidate is not None else ""
-    if call.finalize == "deterministic" and inv:
+    if call.finalize == "deterministic" and batch_invariant():
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    su = fam.num_splits(n13, h, up, r, e, sm) if splits is None else min(splits, h // up.k_tile)
-    sd = fam.num_splits(h, i, down, r, e, sm) if splits is None else min(splits, i // down.k_tile)
-    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info)), None
+    su = fam.num_splits(n13, h, up, r, e, info.sms) if splits is None else min(splits, h // up.k_tile)
+    sd = fam.num_splits(h, i, down, r, e, info.sms) if splits is None else min(splits, i // down.k_tile)
+    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info))
 
 
 def _arch(base: KernelFamily, info: DeviceInfo) -> str:
@@ -241,7 +268,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         return None
     else:
         bound = smod.decode_bound(*key)
-    if not dmod.use_decode(call.tokens, call.top_k, bound):
+    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts):
         return None
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
@@ -250,6 +277,12 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         text = smod.decode_knobs(call.tokens, *key)
         knobs = dmod.knob_items(text)
         note = f"knobs {text}" if text else "default knobs"
+        if settings.get().cute_decode == "1":
+            note += ", W4A16_MOE_CUTE_DECODE=1"
+        elif bound is not None:
+            note += f", tuned bound {bound} routes"
+        else:
+            note += f", cost model: re-read {dmod.reread_factor(call.tokens, call.top_k, call.experts):.2f}x"
     up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs})
     parts = (dmod.num_parts(up, call.hidden), dmod.num_parts(down, call.intermediate))
     return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),

@@ -6,9 +6,11 @@ are all fields of :class:`~.config.DecodeGemvConfig`; the same specs feed JIT an
 built for sm_90a (where they run next to the WGMMA family).
 
 When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_k <= DECODE_MAX_ROUTES``
-routes, unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
+routes that reads each expert's weights about once (:func:`reread_factor` <= :data:`MAX_REREAD`: the
+decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per expert),
+unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
 decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
-tuned table may bound it per layer shape instead, and names the knob set per token count
+tuned table may bound it per layer shape instead (a measured bound on ``T * top_k``, no re-read test), and names the knob set per token count
 (``sm90/tuned.json``, ``"decode"``: key -> ``{"max_routes": R, "knobs": [[tokens, "w8u8/w8u4"], ...]}``, written
 by ``python -m w4a16_moe tune --decode-knobs ...`` + ``scripts/merge_tuned.py``).
 ``W4A16_MOE_CUTE_DECODE=1`` forces it for every routed call that fits one launch (tests).
@@ -28,7 +30,7 @@ from ..sm90 import family as sm90_family
 from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
-           "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
+           "expected_experts", "reread_factor", "MAX_REREAD", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
 
 FAMILY = "w4a16_decode_gemv"
 ARCHS = SM90_ARCHS
@@ -37,6 +39,16 @@ SASS_EXPECT = ("HMMA",)
 MAX_GRID_Y = 65535
 #: default bound on T * top_k for the decode path (the tuned table can say otherwise per layer shape)
 DECODE_MAX_ROUTES = 64
+
+#: the largest expected re-read factor (:func:`reread_factor`) at which an untuned layer takes the decode path.
+#: The decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per
+#: expert (plus route preparation and, deterministic, a finalize pass: a few us). At small batches both are
+#: weight-bandwidth bound, so the decode path wins while its extra launch savings outweigh the extra bytes:
+#: at a factor of 1.5 it streams 50% more weight bytes than the grouped GEMMs, about what the saved launches
+#: and the grouped GEMMs' partly idle tensor-core tiles are worth at decode sizes; well beyond it the
+#: re-reads dominate (8 experts, top-2, 32 tokens: factor 8, the decode path several times slower than
+#: the grouped GEMMs). A starting point, to be calibrated (the autotuner measures it per layer).
+MAX_REREAD = 1.5
 
 #: the packed layouts the decode kernels read (w13, w2): those of the WGMMA family's decode tile
 #: (``sm90.family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
@@ -111,9 +123,31 @@ def mode() -> str:
     return settings.get().cute_decode
 
 
-def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> bool:
+def expected_experts(tokens: int, top_k: int, num_experts: int) -> float:
+    """Expected distinct experts hit by ``tokens`` tokens of ``top_k`` routes each over ``num_experts``
+    experts, under uniform routing with every route local (the host does not know the global expert count):
+    ``D = E * (1 - (1 - k/E)^T)``. A token's ``k`` experts are distinct, so an expert misses one token with
+    probability ``1 - k/E``; this is ``E * (1 - (1 - 1/E)^R)`` (``R = T * k`` independent routes) with the
+    draws of one token taken without replacement: exact for one token (``D = k``), the same when ``k << E``."""
+    if tokens <= 0 or num_experts <= 0:
+        return 0.0
+    miss = max(0.0, 1.0 - min(top_k, num_experts) / num_experts)
+    return num_experts * (1.0 - miss ** tokens)
+
+
+def reread_factor(tokens: int, top_k: int, num_experts: int) -> float:
+    """``R / D``: how many times the decode path streams each hit expert's weights (``R = T * top_k`` routes,
+    ``D`` = :func:`expected_experts`); 1.0 means every route hits its own expert."""
+    d = expected_experts(tokens, top_k, num_experts)
+    return tokens * top_k / d if d > 0 else 1.0
+
+
+def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
+               num_experts: Optional[int] = None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
-    ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never)."""
+    ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never; it is
+    then the only test). Without one: at most :data:`DECODE_MAX_ROUTES` routes and, when ``num_experts`` (the
+    local experts) is given, a re-read factor of at most :data:`MAX_REREAD`."""
     s = settings.get()
     m = s.cute_decode
     if m == "0" or s.batch_invariant or tokens == 0:
@@ -122,8 +156,11 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None) -> boo
         return False
     if m == "1":
         return True
-    bound = DECODE_MAX_ROUTES if max_routes is None else max_routes
-    return tokens * top_k <= bound
+    if max_routes is not None:
+        return tokens * top_k <= max_routes
+    if tokens * top_k > DECODE_MAX_ROUTES:
+        return False
+    return num_experts is None or reread_factor(tokens, top_k, num_experts) <= MAX_REREAD
 
 
 def knob_items(text: Optional[str]) -> tuple:
