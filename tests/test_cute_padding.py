@@ -264,3 +264,216 @@ def test_padded_sizes_helper():
 def test_refusals_name_the_rule(_kernels_anywhere, h, i, scheme, match):
     why = provider.unavailable_reason(_call(8, h, i, scheme), H200)
     assert why is not None and match in why and "provider cute" in why
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the provider's buffers and launch sizes on padded plans, with the kernels emulated in torch
+# ----------------------------------------------------------------------------------------------------------
+def _unpacked_weights(packed) -> torch.Tensor:
+    """FP32 ``[E, n, k]`` weights (padded, canonical row order) a packed layout holds."""
+    from w4a16_moe.kernels.cute.sm90.pack import Sm90PackedMatrix
+
+    if isinstance(packed, Sm90PackedMatrix):
+        return _sm90_weights(unpack_sm90(packed), packed.scheme)
+    return dequantize_matrix(unpack_warp(packed))
+
+
+class _Emulator:
+    """Stands in for ``provider._run_kernel``: checks that every launch's buffers have the row strides its
+    ``n`` / ``k`` scalars imply (what the kernels address them with) and computes what the kernel writes."""
+
+    def __init__(self, weights, activation):
+        from w4a16_moe.formats.weights import layout_cache
+
+        self.layouts = layout_cache(weights.w13.codes)
+        self.act = get_activation(activation)
+        self.launches = []
+
+    def _packed(self, data):
+        return next(p for p in self.layouts.values() if p.data is data)
+
+    def __call__(self, family, arch, cfg, tensors, scalars):
+        from w4a16_moe.activations import apply_activation
+
+        packed = self._packed(tensors[0])
+        wts = _unpacked_weights(packed)
+        src, dst = tensors[1], tensors[2]
+        e_n, n, k = scalars[:3]
+        assert (packed.n, packed.k) == (n, k), (packed.n, packed.k, n, k)
+        assert src.is_contiguous() and src.shape[-1] == k, (tuple(src.shape), k)  # act row stride = k
+        gated = cfg.mode == "gate_up" and self.act.gated
+        assert dst.is_contiguous() and dst.shape[-1] == (n // 2 if gated else n), (tuple(dst.shape), n)
+        self.launches.append((family.name, cfg.mode, n, k))
+        s2 = src.reshape(-1, k).float()
+        d2 = dst.view(-1, dst.shape[-1])
+
+        def mlp(ex, rows):
+            v = rows @ wts[ex].T
+            return apply_activation(v, self.act) if cfg.mode == "gate_up" else v
+
+        if family.name == "decode":
+            ids, tw = tensors[3], tensors[6]
+            r, top_k, off = scalars[3], scalars[4], scalars[5]
+            flat = ids.reshape(-1).long() - off
+            if cfg.mode == "gate_up":
+                for route in range(r):
+                    if 0 <= flat[route] < e_n:
+                        d2[route] = mlp(flat[route], s2[route // top_k][None])[0].to(d2.dtype)
+            else:
+                acc = torch.zeros(d2.shape, dtype=torch.float32)
+                for route in range(r):
+                    if 0 <= flat[route] < e_n:
+                        acc[route // top_k] += tw.reshape(-1)[route] * mlp(flat[route], s2[route][None])[0]
+                d2.copy_(acc)
+            return
+        sorted_routes, route_start, tw = tensors[3], tensors[4], tensors[6]
+        top_k = scalars[4]
+        for ex in range(e_n):
+            for slot in range(int(route_start[ex]), int(route_start[ex + 1])):
+                route = int(sorted_routes[slot])
+                if cfg.mode == "gate_up":
+                    d2[slot] = mlp(ex, s2[route // top_k][None])[0].to(d2.dtype)
+                elif cfg.epilogue == "y":
+                    d2[route] = mlp(ex, s2[slot][None])[0].to(d2.dtype)
+                else:
+                    d2[route // top_k] += float(tw.reshape(-1)[route]) * mlp(ex, s2[slot][None])[0]
+
+
+def _torch_routes(ids, num_experts, expert_offset, block_m, zeroed=0):
+    from w4a16_moe.kernels.routing.prepare import RoutePlan
+
+    flat = ids.reshape(-1).long() - expert_offset
+    ok = (flat >= 0) & (flat < num_experts)
+    order = torch.argsort(torch.where(ok, flat, num_experts), stable=True)[: int(ok.sum())]
+    counts = torch.bincount(flat[ok], minlength=num_experts)
+    start = torch.zeros(num_experts + 1, dtype=torch.int32)
+    start[1:] = counts.cumsum(0)
+    blocks = torch.zeros(num_experts + 1, dtype=torch.int32)
+    blocks[1:] = (-(-counts // block_m)).cumsum(0)
+    return RoutePlan(order.to(torch.int32), start, blocks, start, int(blocks[-1]), block_m,
+                     torch.zeros(max(zeroed, 1), dtype=torch.int32))
+
+
+def _torch_finalize(ybuf, topk_weights, out, *, topk_ids, num_experts, expert_offset):
+    t, h = out.shape
+    y = ybuf[:, :h].float().view(t, -1, h)  # the finalize reads H columns through the row stride
+    valid = (topk_ids >= expert_offset) & (topk_ids < expert_offset + num_experts)
+    out.copy_(torch.where(valid[..., None], topk_weights[..., None] * y, 0.0).sum(1))
+
+
+@pytest.mark.parametrize("path", ["decode", "sm90", "warp"])
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+@pytest.mark.parametrize("scheme,activation", [("int4_g32", "swiglu"), ("nvfp4", "relu2"),
+                                               ("int4_g64_zp", "swiglu")])
+def test_padded_execution_emulated(_kernels_anywhere, monkeypatch, path, finalize, scheme, activation):
+    from w4a16_moe.kernels.routing import finalize as fin_mod, prepare as prep_mod
+
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1" if path == "decode" else "0")
+    if path == "warp":
+        monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "warp")
+    provider.clear_plans()
+    h, i, e, t, k = 192, 320, 4, 5, 2
+    w = _layer(scheme, e, h, i, activation=activation, seed=7)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e + 2, generator=g)[:k] for _ in range(t)]).to(torch.int32) - 1  # some invalid
+    tw = torch.softmax(torch.randn(t, k, generator=g), 1)
+    call = MoECall(t, k, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation(activation), finalize, 0,
+                   scheme)
+    p = provider.plan(call, H200)
+    assert p.pad and p.decode == (path == "decode") and p.family == ("decode" if path == "decode" else path)
+    emu = _Emulator(w, activation)
+    monkeypatch.setattr(provider, "_run_kernel", emu)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(prep_mod, "prepare_routes", _torch_routes)
+    monkeypatch.setattr(fin_mod, "launch_finalize", _torch_finalize)
+    out = torch.full((t, h), float("nan"), dtype=torch.bfloat16)
+    provider.cute_fused_moe(x, w, tw, ids, call=call, out=out, plan=p)
+    hp, ip = p.pad
+    n13 = 2 * ip if get_activation(activation).gated else ip
+    assert [(n, kk) for _, _, n, kk in emu.launches] == [(n13, hp), (hp, ip)]
+    ref = wm.reference_moe(x, w, tw, ids, activation=activation)
+    assert not torch.isnan(out).any()
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert err < 0.02, err
+
+
+def test_finalize_reads_a_padded_y_through_its_stride():
+    """The Triton finalize in the interpreter: a ``[T*k, Hp]`` y gives what its ``[:, :H]`` copy gives."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import torch
+        from w4a16_moe.kernels.routing.finalize import launch_finalize
+        y = torch.randn(6, 128, dtype=torch.float16)
+        tw = torch.softmax(torch.randn(3, 2), 1)
+        ids = torch.tensor([[0, 1], [2, -1], [1, 3]], dtype=torch.int32)
+        a, b = torch.empty(3, 96, dtype=torch.float16), torch.empty(3, 96, dtype=torch.float16)
+        launch_finalize(y, tw, a, topk_ids=ids, num_experts=4)
+        launch_finalize(y[:, :96].contiguous(), tw, b, topk_ids=ids, num_experts=4)
+        assert torch.equal(a, b)
+    """)
+    import os
+
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _torch_masked_routes(masked_m, cap, block_m, out, zeroed=0):
+    from w4a16_moe.kernels.routing.prepare import RoutePlan
+
+    e = masked_m.numel()
+    m = masked_m.long().clamp(0, cap)
+    rows = torch.cat([ex * cap + torch.arange(int(m[ex])) for ex in range(e)]).to(torch.int32)
+    start = torch.zeros(e + 1, dtype=torch.int32)
+    start[1:] = m.cumsum(0)
+    blocks = torch.zeros(e + 1, dtype=torch.int32)
+    blocks[1:] = (-(-m // block_m)).cumsum(0)
+    for ex in range(e):
+        out[ex, int(m[ex]):] = 0
+    return RoutePlan(rows, start, blocks, start, int(blocks[-1]), block_m, torch.zeros(max(zeroed, 1), dtype=torch.int32))
+
+
+def test_padded_masked_and_expert_routes_emulated(_kernels_anywhere, monkeypatch):
+    from w4a16_moe.kernels.routing import prepare as prep_mod
+    from w4a16_moe.validate import MaskedCall
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(prep_mod, "prepare_masked_routes", _torch_masked_routes)
+    monkeypatch.setattr(prep_mod, "prepare_routes", _torch_routes)
+    h, i, e, cap = 192, 320, 3, 4
+    w = _layer("int4_g32", e, h, i, seed=9)
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(e, cap, h, generator=g).to(torch.bfloat16)
+    m = torch.tensor([4, 0, 2], dtype=torch.int32)
+    call = MaskedCall(e, cap, h, i, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"), "int4_g32")
+    p = provider.plan(call, H200)
+    assert p.pad
+    emu = _Emulator(w, "swiglu")
+    monkeypatch.setattr(provider, "_run_kernel", emu)
+    out = torch.full_like(x, float("nan"))
+    provider.cute_fused_moe_masked(x, w, m, call=call, out=out, plan=p)
+    ref = wm.reference_moe_masked(x, w, m)
+    assert not torch.isnan(out).any() and (out[1] == 0).all() and (out[2, 2:] == 0).all()
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()).item() < 0.02
+    # expert-parallel halves: y [T, k, H] of every valid route
+    t, k = 4, 2
+    xt = torch.randn(t, h, generator=g).to(torch.bfloat16)
+    ids = torch.tensor([[0, 2], [1, -1], [2, 0], [1, 2]], dtype=torch.int32)
+    rcall = MoECall(t, k, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"), "deterministic",
+                    0, "int4_g32", True)
+    rp = provider.plan(rcall, H200)
+    assert rp.pad and not rp.decode
+    y, valid = provider.cute_expert_routes(xt, w, ids, call=rcall, plan=rp)
+    assert y.shape == (t, k, h) and y.is_contiguous()
+    ones = torch.ones(t, k)
+    for tt in range(t):
+        for j in range(k):
+            if valid[tt, j]:
+                one = torch.zeros(1, k, dtype=torch.int32) - 1
+                one[0, 0] = ids[tt, j]
+                want = wm.reference_moe(xt[tt : tt + 1], w, ones[:1], one)[0]
+                assert ((y[tt, j].float() - want.float()).norm() / want.float().norm()) < 0.02
