@@ -398,8 +398,9 @@ def test_padded_execution_emulated(_kernels_anywhere, monkeypatch, path, finaliz
     assert err < 0.02, err
 
 
-def test_finalize_reads_a_padded_y_through_its_stride():
-    """The Triton finalize in the interpreter: a ``[T*k, Hp]`` y gives what its ``[:, :H]`` copy gives."""
+def test_finalize_stride_and_pad_copy_in_the_interpreter():
+    """The Triton finalize in the interpreter: a ``[T*k, Hp]`` y gives what its ``[:, :H]`` copy gives; the
+    one-launch padded copy of x."""
     import subprocess
     import sys
     import textwrap
@@ -414,6 +415,14 @@ def test_finalize_reads_a_padded_y_through_its_stride():
         launch_finalize(y, tw, a, topk_ids=ids, num_experts=4)
         launch_finalize(y[:, :96].contiguous(), tw, b, topk_ids=ids, num_experts=4)
         assert torch.equal(a, b)
+        from w4a16_moe.kernels.cute.pad_copy import pad_copy
+        for dt in (torch.bfloat16, torch.float16):
+            x = torch.randn(3, 5, 192).to(dt)
+            z = pad_copy(x, 256)
+            assert z.shape == (3, 5, 256) and torch.equal(z[..., :192], x) and (z[..., 192:] == 0).all()
+            x = torch.randn(2, 2880).to(dt)
+            z = pad_copy(x, 3072)
+            assert torch.equal(z[:, :2880], x) and (z[:, 2880:] == 0).all()
     """)
     import os
 

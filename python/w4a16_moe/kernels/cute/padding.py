@@ -15,7 +15,8 @@ unchanged kernels on padded sizes ``Hp >= H`` and ``Ip >= I`` (:func:`padded_siz
   separately (``[gate I | 0 | up I | 0]``, ``2 Ip`` rows), so the kernel's pairing of gate row ``j`` with
   up row ``j`` holds and a padded ``h`` column is ``act(0, 0) = 0`` (swiglu ``silu(0) * 0``, geglu
   ``gelu(0) * 0``, relu2 ``0``, silu ``0``);
-* ``x [T, H]`` is copied into a zero-padded ``[T, Hp]`` buffer when ``Hp > H`` (:func:`pad_cols`);
+* ``x [T, H]`` is copied into a zero-padded ``[T, Hp]`` buffer when ``Hp > H`` (:func:`pad_cols`, one
+  launch: :mod:`.pad_copy`);
   ``h [R, Ip]`` is internal (allocated padded; its padded columns are exact zeros by the above, and the
   down GEMM reads ``[0, Ip)``);
 * the down GEMM writes ``Hp`` columns: ``y [R, Hp]`` is read by the deterministic finalize through its row
@@ -113,6 +114,10 @@ def pad_cols(t: torch.Tensor, width: int) -> torch.Tensor:
     c = t.shape[-1]
     if c == width:
         return t
+    if t.is_cuda:
+        from .pad_copy import pad_copy
+
+        return pad_copy(t.contiguous(), width)  # one launch
     return torch.nn.functional.pad(t, (0, width - c))
 
 
