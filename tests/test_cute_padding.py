@@ -443,7 +443,8 @@ def _torch_masked_routes(masked_m, cap, block_m, out, zeroed=0):
     blocks[1:] = (-(-m // block_m)).cumsum(0)
     for ex in range(e):
         out[ex, int(m[ex]):] = 0
-    return RoutePlan(rows, start, blocks, start, int(blocks[-1]), block_m, torch.zeros(max(zeroed, 1), dtype=torch.int32))
+    return RoutePlan(rows, start, blocks, start, int(blocks[-1]), block_m,
+                     torch.zeros(max(zeroed, 1), dtype=torch.int32))
 
 
 def test_padded_masked_and_expert_routes_emulated(_kernels_anywhere, monkeypatch):
