@@ -26,7 +26,12 @@ The families are registered in :mod:`.registry`. :class:`CuteProvider` plans a c
 static description, the device, the settings and the selection overrides) and executes the plan.
 
 Weights are permuted once per (family, tile shape, dtype) into the family's fragment-ready layout
-(:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors. Kernels come from the
+(:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors.
+
+Any ``H`` and ``I`` that are multiples of 64 and of the scheme's group run: a plan whose tiles do not divide
+them runs the kernels on padded sizes ``Plan.pad = (Hp, Ip)`` (zero-padded weights packed once, x copied
+into a zero-padded buffer, outputs through padded buffers; :mod:`.padding`). Aligned layers run exactly as
+before (no padding, no copies). Kernels come from the
 loader (prebuilt, JIT cache, JIT).
 The first use of a kernel (module load, weight packing) must not happen inside CUDA-graph capture:
 call :func:`w4a16_moe.warmup` before capturing.
