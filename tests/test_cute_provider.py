@@ -166,7 +166,8 @@ def test_auto_prefers_cute_and_falls_back():
     w4 = _weights("nvfp4")
     assert select_provider(check_moe_call(x, w4, tw, ids), "auto").provider == "cute"
     odd = _weights("int4_g32", h=320, i=160)
-    with pytest.raises(wm.ProviderUnavailable, match=r"not a multiple of 256 .*provider cute"):
+    with pytest.raises(wm.ProviderUnavailable,
+                       match=r"intermediate size I = 160 is not a multiple of 64 .*provider cute"):
         wm.fused_moe(torch.randn(3, 320, device="cuda").to(torch.bfloat16), odd, tw, ids, backend="cute")
 
 

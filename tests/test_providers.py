@@ -21,9 +21,9 @@ SM75 = DeviceInfo("cuda", "Tesla T4", (7, 5), 40)
 
 @pytest.fixture
 def call():
-    w = random_weights("int4_g32", 4, 64, 64)
+    w = random_weights("int4_g32", 4, 96, 64)  # H = 96: not a multiple of 64, refused by every CuTe family
     tw, ids = random_routing(3, 2, 4)
-    return check_moe_call(torch.randn(3, 64, dtype=torch.float16), w, tw, ids)
+    return check_moe_call(torch.randn(3, 96, dtype=torch.float16), w, tw, ids)
 
 
 @pytest.fixture(autouse=True)
@@ -74,7 +74,8 @@ def test_reference_runs_anywhere(call):
 
 # SM80 / SM100 have a CuTe family (the portable warp-MMA one), so what stops them here is the toy shape
 @pytest.mark.parametrize("info,match", [(CPU, "not a CUDA GPU"), (SM75, "no CuTe kernel family for sm_75"),
-                                        (SM80, "not a multiple of 256"), (SM100, "not a multiple of 256")])
+                                        (SM80, "hidden size H = 96 is not a multiple of 64"),
+                                        (SM100, "hidden size H = 96 is not a multiple of 64")])
 def test_explicit_cute_is_strict(call, info, match):
     with pytest.raises(wm.ProviderUnavailable, match=f"backend='cute' cannot run fused_moe: .*{match}"):
         providers.select_provider(call, "cute", info)

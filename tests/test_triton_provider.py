@@ -597,7 +597,7 @@ for arch in (90, 80):
               dict(BLOCK_M=64, E_PAD=e_pad, CHUNK=1024, J_CHUNK=16, HIST_ROWS=4096 // e_pad, PDL=pdl), arch)
     for from_mask in (False, True):
         build(fz._finalize_kernel, dict(ybuf_ptr="*bf16", topk_w_ptr="*fp32", ids_ptr="*i32", valid_ptr="*u8",
-              out_ptr="*bf16", H="i32", num_experts="i32", expert_offset="i32"),
+              out_ptr="*bf16", H="i32", LDY="i32", num_experts="i32", expert_offset="i32"),
               dict(TOPK=8, FROM_MASK=from_mask, BLOCK_H=1024, PDL=pdl), arch)
     n += 8
 print("compiled", n)

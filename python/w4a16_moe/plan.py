@@ -31,6 +31,9 @@ class Plan:
         max_tiles: grid y of the grouped GEMMs (an upper bound on the token tiles of any routing).
         counters: split-K tile counters the route preparation zeroes.
         note: anything else selection decided (e.g. the tuned row it used).
+        pad: ``(Hp, Ip)``, the padded hidden and intermediate sizes the CuTe kernels run when the layer's
+            ``(H, I)`` are not multiples of their tiles (:mod:`w4a16_moe.kernels.cute.padding`); ``()``
+            when the layer runs unpadded.
     """
 
     provider: str
@@ -44,6 +47,7 @@ class Plan:
     max_tiles: int = 0
     counters: int = 0
     note: str = ""
+    pad: tuple = ()
 
     def describe(self) -> str:
         """One line for logs and ``doctor``."""
@@ -54,6 +58,7 @@ class Plan:
         return (f"provider {self.provider}, family {self.family} ({self.arch}){', decode' if self.decode else ''}: "
                 f"{'knobs' if self.decode else 'tiles'} {{{tiles}}}, {'K parts' if self.decode else 'split-K'} "
                 f"{self.splits[0]}/{self.splits[1]}, kernels {names}"
+                + (f", padded to H {self.pad[0]}, I {self.pad[1]}" if self.pad else "")
                 + (f" ({self.note})" if self.note else ""))
 
 

@@ -16,7 +16,8 @@ from ... import settings
 from ...device import DeviceInfo
 from ...plan import Plan
 from . import overrides, registry
-from .provider import _DTYPES, _arch, _decode_beside, _max_tiles, _module, _routed_grouped_plan, family_for
+from .provider import (_DTYPES, _arch, _decode_beside, _max_tiles, _module, _pad_field, _padded, _routed_grouped_plan,
+                       family_for)
 from .registry import KernelFamily
 
 __all__ = ["autotuned_plan", "plan_of_choice"]
@@ -68,10 +69,11 @@ def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Opti
         dmod = _module(dec)
         knobs = dmod.knob_items(choice.candidate or None)
         up, down = dec.configs(sch, dt, act.name, act.gated, call.finalize, {"knobs": knobs})
-        parts = (dmod.num_parts(up, call.hidden), dmod.num_parts(down, call.intermediate))
+        hp, ip, _ = _padded(dec, up, down, call, sch)
+        parts = (dmod.num_parts(up, hp), dmod.num_parts(down, ip))
         return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
                     (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0,
-                    note or f"knobs {choice.candidate or 'default'}")
+                    note or f"knobs {choice.candidate or 'default'}", _pad_field(call, hp, ip))
     allowed = {base.name} | ({"warp"} if base.name == "sm90" and settings.get().cute_family == "auto" else set())
     if choice.family not in allowed:
         return None

@@ -27,7 +27,12 @@ The families are registered in :mod:`.registry`. :class:`CuteProvider` plans a c
 static description, the device, the settings and the selection overrides) and executes the plan.
 
 Weights are permuted once per (family, tile shape, dtype) into the family's fragment-ready layout
-(:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors. Kernels come from the
+(:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors.
+
+Any ``H`` and ``I`` that are multiples of 64 and of the scheme's group run: a plan whose tiles do not divide
+them runs the kernels on padded sizes ``Plan.pad = (Hp, Ip)`` (zero-padded weights packed once, x copied
+into a zero-padded buffer, outputs through padded buffers; :mod:`.padding`). Aligned layers run exactly as
+before (no padding, no copies). Kernels come from the
 loader (prebuilt, JIT cache, JIT).
 The first use of a kernel (module load, weight packing) must not happen inside CUDA-graph capture:
 call :func:`w4a16_moe.warmup` before capturing.
@@ -174,8 +179,7 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     dt = _DTYPES[call.dtype]
     act = call.activation
     sm = info.sms
-    h, i, e = call.hidden, call.intermediate, call.experts
-    n13 = 2 * i if act.gated else i
+    e = call.experts
     inv = batch_invariant()
     if isinstance(call, MaskedCall):
         tiles = base.select_tiles(e * call.capacity, e)
@@ -185,11 +189,13 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         if why:
             return None, why
         up, down = base.configs(sch, dt, act.name, act.gated, "deterministic", tiles)
+        hp, ip, n13 = _padded(base, up, down, call, sch)
         r = e * call.capacity
         max_tiles = e * -(-call.capacity // up.tokens_per_tile)
-        su = 1 if inv else base.num_splits(n13, h, up, r, e, sm)
-        sd = 1 if inv else base.num_splits(h, i, down, r, e, sm)
-        return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, h, "masked"), None
+        su = 1 if inv else base.num_splits(n13, hp, up, r, e, sm)
+        sd = 1 if inv else base.num_splits(hp, ip, down, r, e, sm)
+        return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, hp, "masked",
+                             pad=_pad_field(call, hp, ip)), None
     fam, tiles, splits = _grouped_choice(base, call, dt, info.name)
     r = call.tokens * call.top_k
     if _max_tiles(r, e, tiles["tokens_per_tile"]) > fam.max_grid_y:
@@ -222,19 +228,34 @@ def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
 def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str) -> Plan:
     """The grouped-GEMM plan of a routed call with ``tiles`` of ``fam`` and ``splits`` (None: the rule)."""
     act = call.activation
-    h, i, e = call.hidden, call.intermediate, call.experts
-    n13 = 2 * i if act.gated else i
+    e = call.experts
     r = call.tokens * call.top_k
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles)
+    hp, ip, n13 = _padded(fam, up, down, call, sch)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
     if call.finalize == "deterministic" and batch_invariant():
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    su = fam.num_splits(n13, h, up, r, e, info.sms) if splits is None else min(splits, h // up.k_tile)
-    sd = fam.num_splits(h, i, down, r, e, info.sms) if splits is None else min(splits, i // down.k_tile)
-    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=_arch(base, info))
+    su = fam.num_splits(n13, hp, up, r, e, info.sms) if splits is None else min(splits, hp // up.k_tile)
+    sd = fam.num_splits(hp, ip, down, r, e, info.sms) if splits is None else min(splits, ip // down.k_tile)
+    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, hp, note, arch=_arch(base, info),
+                         pad=_pad_field(call, hp, ip))
+
+
+def _padded(fam: KernelFamily, up, down, call, sch) -> tuple:
+    """``(Hp, Ip, gate/up rows)`` the configs ``up`` / ``down`` run the call's layer at
+    (:func:`.padding.padded_sizes`; ``(H, I, 2I|I)`` when it is aligned)."""
+    from .padding import padded_sizes
+
+    gated = call.activation.gated
+    hp, ip = padded_sizes(fam, up, down, call.hidden, call.intermediate, gated, sch)
+    return hp, ip, 2 * ip if gated else ip
+
+
+def _pad_field(call, hp: int, ip: int) -> tuple:
+    return () if (hp, ip) == (call.hidden, call.intermediate) else (hp, ip)
 
 
 def _arch(base: KernelFamily, info: DeviceInfo) -> str:
@@ -242,10 +263,10 @@ def _arch(base: KernelFamily, info: DeviceInfo) -> str:
     return base.archs[0] if len(base.archs) == 1 else info.arch
 
 
-def _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=None) -> Plan:
+def _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=None, pad=()) -> Plan:
     counters = max(_counter_tiles(fam, up, n13, max_tiles, su), _counter_tiles(fam, down, h, max_tiles, sd))
     return Plan("cute", fam.name, arch or _arch(fam, info), False, tuple(sorted(tiles.items())), (su, sd),
-                (up, down), (fam.spec_for(up).name, fam.spec_for(down).name), max_tiles, counters, note)
+                (up, down), (fam.spec_for(up).name, fam.spec_for(down).name), max_tiles, counters, note, pad)
 
 
 def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Optional[Plan]:
@@ -284,9 +305,10 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         else:
             note += f", cost model: re-read {dmod.reread_factor(call.tokens, call.top_k, call.experts):.2f}x"
     up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs})
-    parts = (dmod.num_parts(up, call.hidden), dmod.num_parts(down, call.intermediate))
+    hp, ip, _ = _padded(dec, up, down, call, sch)
+    parts = (dmod.num_parts(up, hp), dmod.num_parts(down, ip))
     return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
-                (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0, note)
+                (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0, note, _pad_field(call, hp, ip))
 
 
 def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
@@ -306,11 +328,30 @@ def plan(call, info: DeviceInfo) -> Plan:
 # ------------------------------------------------------------------------------------------------------
 # execution
 # ------------------------------------------------------------------------------------------------------
-def _packed(family: KernelFamily, weights, which: str, cfg, dtype: torch.dtype):
+def _sizes(p: Plan, weights) -> tuple:
+    """``(Hp, Ip, gate/up rows)`` plan ``p`` runs ``weights`` at (the layer's own sizes when unpadded)."""
+    hp, ip = p.pad or (weights.hidden_size, weights.intermediate_size)
+    return hp, ip, 2 * ip if weights.gated else ip
+
+
+def _layout(family: KernelFamily, weights, which: str, cfg, dtype: torch.dtype, pad: tuple = ()) -> tuple:
+    """``(cache key, build)`` of the packed layout of ``which`` that ``cfg`` reads at plan padding ``pad``
+    (the key names padded sizes; an unpadded layer's key and layout are the family's own)."""
+    from .padding import pad_matrix, pad_suffix
+
     qm = weights.w13 if which == "w13" else weights.w2
     interleave = which == "w13" and weights.gated
-    return weights.packed_for(family.layout_key(which, cfg, dtype),
-                              lambda w: family.pack(qm, cfg, dtype, interleave))
+    key = family.layout_key(which, cfg, dtype)
+    if not pad:
+        return key, lambda w: family.pack(qm, cfg, dtype, interleave)
+    hp, ip = pad
+    n_pad, k_pad = ((2 * ip if weights.gated else ip), hp) if which == "w13" else (hp, ip)
+    return (key + pad_suffix(qm.n, qm.k, n_pad, k_pad),
+            lambda w: family.pack(pad_matrix(qm, n_pad, k_pad, halves=interleave), cfg, dtype, interleave))
+
+
+def _packed(family: KernelFamily, weights, which: str, cfg, dtype: torch.dtype, pad: tuple = ()):
+    return weights.packed_for(*_layout(family, weights, which, cfg, dtype, pad))
 
 
 def _kernel(family: KernelFamily, arch: str, cfg):
@@ -364,7 +405,7 @@ def _launcher_cached(family, arch: str, cfg):
     return gemm_launcher(_kernel_cached(family, arch, cfg))
 
 
-def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype) -> None:
+def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype, pad: tuple = ()) -> None:
     """Refuse a first use (kernel module load or weight packing) inside CUDA-graph capture."""
     if not torch.cuda.is_current_stream_capturing():
         return
@@ -373,7 +414,7 @@ def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype) -> Non
 
     cold = [c.name() for c in cfgs if not is_loaded(family.spec_for(c), arch)]
     layouts = layout_cache(weights.w13.codes)
-    unpacked = [w for c, w in zip(cfgs, ("w13", "w2")) if family.layout_key(w, c, dtype) not in layouts]
+    unpacked = [w for c, w in zip(cfgs, ("w13", "w2")) if _layout(family, weights, w, c, dtype, pad)[0] not in layouts]
     if cold or unpacked:
         raise RuntimeError(
             "fused_moe (provider cute): first use inside CUDA-graph capture (kernels not loaded yet: "
@@ -383,43 +424,53 @@ def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype) -> Non
 
 
 def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
-    """Route prep + gate/up GEMM of plan ``p``: ``(family, h [T*k, I], routes, packed w2)``."""
+    """Route prep + gate/up GEMM of plan ``p``: ``(family, h [T*k, Ip], routes, packed w2)`` (x copied into
+    a zero-padded ``[T, Hp]`` buffer when the plan pads H)."""
     from ..routing.prepare import prepare_routes
+    from .padding import pad_cols
 
     tokens, top_k = ids.shape
     family = registry.get(p.family)
     up, down = p.configs
-    _check_capture(family, p.arch, weights, p.configs, x.dtype)
-    p13 = _packed(family, weights, "w13", up, x.dtype)
-    p2 = _packed(family, weights, "w2", down, x.dtype)
+    _check_capture(family, p.arch, weights, p.configs, x.dtype, p.pad)
+    p13 = _packed(family, weights, "w13", up, x.dtype, p.pad)
+    p2 = _packed(family, weights, "w2", down, x.dtype, p.pad)
     r = tokens * top_k
     routes = prepare_routes(ids, weights.num_experts, expert_offset, up.tokens_per_tile, zeroed=p.counters)
-    hbuf = torch.empty(r, weights.intermediate_size, dtype=x.dtype, device=x.device)
-    _launch(family, p.arch, up, p13, x, hbuf, routes, topk_weights, weights.num_experts, weights.w13.n,
-            weights.hidden_size, r, top_k, p.max_tiles, p.splits[0])
+    hp, ip, n13 = _sizes(p, weights)
+    hbuf = torch.empty(r, ip, dtype=x.dtype, device=x.device)
+    _launch(family, p.arch, up, p13, pad_cols(x, hp), hbuf, routes, topk_weights, weights.num_experts, n13,
+            hp, r, top_k, p.max_tiles, p.splits[0])
     return family, hbuf, routes, p2
 
 
 def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, out) -> None:
     """Route-major decode path (:mod:`.decode.gemv`): gate/up kernel into ``h [T*k, I]`` (by route),
-    then the down kernel combining each token's routes in fixed order straight into ``out``."""
+    then the down kernel combining each token's routes in fixed order straight into ``out`` (padded plans:
+    x in a zero-padded ``[T, Hp]`` copy, ``out`` through a ``[T, Hp]`` buffer)."""
+    from .padding import pad_cols, padded_out
+
     family = registry.get(p.family)
     tokens, top_k = ids.shape
-    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    e = weights.num_experts
+    h, i, n13 = _sizes(p, weights)
     r = tokens * top_k
     if ids.dtype != torch.int32:
         # the kernels read int32 ids; clamping keeps every out-of-range id out of [offset, offset + E)
         ids = ids.clamp(-1, 2**31 - 1).to(torch.int32)
     up, down = p.configs
-    _check_capture(family, p.arch, weights, p.configs, x.dtype)
-    p13 = _packed(family, weights, "w13", up, x.dtype)
-    p2 = _packed(family, weights, "w2", down, x.dtype)
+    _check_capture(family, p.arch, weights, p.configs, x.dtype, p.pad)
+    p13 = _packed(family, weights, "w13", up, x.dtype, p.pad)
+    p2 = _packed(family, weights, "w2", down, x.dtype, p.pad)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
-    for cfg, packed, src, dst, n, k, parts in ((up, p13, x, hbuf, weights.w13.n, h, p.splits[0]),
-                                               (down, p2, hbuf, out, h, i, p.splits[1])):
+    obuf = padded_out(out, h)
+    for cfg, packed, src, dst, n, k, parts in ((up, p13, pad_cols(x, h), hbuf, n13, h, p.splits[0]),
+                                               (down, p2, hbuf, out if obuf is None else obuf, h, i, p.splits[1])):
         # (decode ABI: ids in the three routing slots, topk_weights / ids as the unused split-K scratch)
         _run_kernel(family, p.arch, cfg, (packed.data, src, dst, ids, ids, ids, topk_weights, topk_weights, ids),
                     (e, n, k, r, top_k, expert_offset, parts))
+    if obuf is not None:
+        out.copy_(obuf[:, :out.shape[1]])
 
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optional[Plan] = None) -> None:
@@ -440,16 +491,16 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
         return
     family, hbuf, routes, p2 = _gate_up(p, x, weights, ids, tw, expert_offset=call.expert_offset)
     down = p.configs[1]
+    hp, ip, _ = _sizes(p, weights)
     if call.finalize == "deterministic":
-        y = torch.empty(r, h, dtype=x.dtype, device=x.device)
-        _launch(family, p.arch, down, p2, hbuf, y, routes, tw, e, h, weights.intermediate_size, r, top_k,
-                p.max_tiles, p.splits[1])
+        # y [R, Hp]: the finalize reads its first H columns through the row stride
+        y = torch.empty(r, hp, dtype=x.dtype, device=x.device)
+        _launch(family, p.arch, down, p2, hbuf, y, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
         launch_finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
     else:
-        acc = torch.zeros(tokens, h, dtype=torch.float32, device=x.device)
-        _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, h, weights.intermediate_size, r, top_k,
-                p.max_tiles, p.splits[1])
-        out.copy_(acc)
+        acc = torch.zeros(tokens, hp, dtype=torch.float32, device=x.device)
+        _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
+        out.copy_(acc if hp == h else acc[:, :h])
 
 
 def _plan_for(call, device) -> Plan:
@@ -467,26 +518,30 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     as routes (the down GEMM's ``y`` epilogue writes them in place); no finalize pass.
     """
     from ..routing.prepare import prepare_masked_routes
+    from .padding import pad_cols, padded_out
 
     e, cap, h = x.shape
     if e == 0 or cap == 0:
         return
     p = plan if plan is not None else _plan_for(call, x.device)
     family = registry.get(p.family)
-    i = weights.intermediate_size
+    hp, i, n13 = _sizes(p, weights)
     up, down = p.configs
-    _check_capture(family, p.arch, weights, p.configs, x.dtype)
-    p13 = _packed(family, weights, "w13", up, x.dtype)
-    p2 = _packed(family, weights, "w2", down, x.dtype)
+    _check_capture(family, p.arch, weights, p.configs, x.dtype, p.pad)
+    p13 = _packed(family, weights, "w13", up, x.dtype, p.pad)
+    p2 = _packed(family, weights, "w2", down, x.dtype, p.pad)
     r = e * cap
-    n13 = weights.w13.n
-    routes = prepare_masked_routes(masked_m.contiguous(), cap, up.tokens_per_tile, out, zeroed=p.counters)
+    obuf = padded_out(out, hp)  # padded plans: the down GEMM writes [E, cap, Hp], copied into out
+    dst = out if obuf is None else obuf
+    routes = prepare_masked_routes(masked_m.contiguous(), cap, up.tokens_per_tile, dst, zeroed=p.counters)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     dummy_w = routes.route_start  # read only by the atomic epilogue
-    _launch(family, p.arch, up, p13, x.view(r, h), hbuf, routes, dummy_w, e, n13, h, r, 1, p.max_tiles,
-            p.splits[0])
-    _launch(family, p.arch, down, p2, hbuf, out.view(r, h), routes, dummy_w, e, h, i, r, 1, p.max_tiles,
+    _launch(family, p.arch, up, p13, pad_cols(x, hp).view(r, hp), hbuf, routes, dummy_w, e, n13, hp, r, 1,
+            p.max_tiles, p.splits[0])
+    _launch(family, p.arch, down, p2, hbuf, dst.view(r, hp), routes, dummy_w, e, hp, i, r, 1, p.max_tiles,
             p.splits[1])
+    if obuf is not None:
+        out.copy_(obuf[..., :h])
 
 
 def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = None):
@@ -494,7 +549,7 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
     the first half of the deterministic path, bit-identical to what :func:`cute_fused_moe` computes for
     the same shapes; entries of invalid routes are unspecified. ``call`` is a ``routes_only`` call."""
     tokens, top_k = local_ids.shape
-    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    e, h = weights.num_experts, weights.hidden_size
     valid = (local_ids >= 0) & (local_ids < e)
     y = torch.empty(tokens, top_k, h, dtype=x.dtype, device=x.device)
     if tokens == 0:
@@ -504,8 +559,12 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
     ids = local_ids.contiguous()
     dummy_w = torch.empty(r, dtype=torch.float32, device=x.device)  # read only by the atomic epilogue
     family, hbuf, routes, p2 = _gate_up(p, x.contiguous(), weights, ids, dummy_w, expert_offset=0)
-    _launch(family, p.arch, p.configs[1], p2, hbuf, y.view(r, h), routes, dummy_w, e, h, i, r, top_k,
+    hp, ip, _ = _sizes(p, weights)
+    ybuf = y if hp == h else torch.empty(tokens, top_k, hp, dtype=x.dtype, device=x.device)
+    _launch(family, p.arch, p.configs[1], p2, hbuf, ybuf.view(r, hp), routes, dummy_w, e, hp, ip, r, top_k,
             p.max_tiles, p.splits[1])
+    if ybuf is not y:
+        y.copy_(ybuf[..., :h])
     return y, valid
 
 
@@ -541,12 +600,13 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
                     raise RuntimeError(f"provider cute: {why}")
                 family = registry.get(p.family)
                 for cfg, which in zip(p.configs, ("w13", "w2")):
-                    if (p.family, cfg) in seen:
+                    if (p.family, cfg, p.pad) in seen:
                         continue
-                    seen.add((p.family, cfg))
-                    _packed(family, weights, which, cfg, dtype)
+                    seen.add((p.family, cfg, p.pad))
+                    _packed(family, weights, which, cfg, dtype, p.pad)
                     _kernel(family, p.arch, cfg).ensure_loaded()
-                    names.append(cfg.name())
+                    if cfg.name() not in names:
+                        names.append(cfg.name())
     return names
 
 

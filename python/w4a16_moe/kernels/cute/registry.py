@@ -131,7 +131,9 @@ def feature_reason(call) -> Optional[str]:
 
 
 def shape_reason(call) -> Optional[str]:
-    """The feature, shape and dtype rules every CuTe family shares (None when ``call`` meets them)."""
+    """The feature, shape and dtype rules every CuTe family shares (None when ``call`` meets them): H and I
+    multiples of 64 and of the scheme's group size (the provider pads other sizes up to the kernels'
+    tiles, :mod:`.padding`)."""
     import torch
 
     why = feature_reason(call)
@@ -142,14 +144,13 @@ def shape_reason(call) -> Optional[str]:
 
     if call.dtype not in (torch.bfloat16, torch.float16):
         return f"dtype {call.dtype} is not bfloat16 or float16"
+    from .padding import SHAPE_MULTIPLE
+
     sch = get_scheme(call.scheme)
-    h, i = call.hidden, call.intermediate
-    rows13 = 2 * i if call.activation.gated else i
-    for name, n, k in (("w13", rows13, h), ("w2", h, i)):
-        if n % 256:
-            return f"{name}: output size {n} is not a multiple of 256 (scheme {sch.name}, provider cute)"
-        if k % 128:
-            return f"{name}: reduction size {k} is not a multiple of 128 (scheme {sch.name}, provider cute)"
-    if call.activation.gated and i % 128:
-        return f"w13: intermediate size {i} is not a multiple of 128 (gated, provider cute)"
+    for name, size in (("hidden size H", call.hidden), ("intermediate size I", call.intermediate)):
+        if size % SHAPE_MULTIPLE:
+            return f"{name} = {size} is not a multiple of {SHAPE_MULTIPLE} (provider cute)"
+        g = sch.group_size
+        if g is not None and size % g:
+            return f"{name} = {size} is not a multiple of the group size {g} (scheme {sch.name}, provider cute)"
     return None

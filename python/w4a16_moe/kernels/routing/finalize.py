@@ -30,7 +30,7 @@ _MAX_BLOCK_H = 1024
 
 
 @triton.jit(do_not_specialize=["expert_offset"])
-def _finalize_kernel(ybuf_ptr, topk_w_ptr, ids_ptr, valid_ptr, out_ptr, H, num_experts, expert_offset,
+def _finalize_kernel(ybuf_ptr, topk_w_ptr, ids_ptr, valid_ptr, out_ptr, H, LDY, num_experts, expert_offset,
                      TOPK: tl.constexpr, FROM_MASK: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr):
     """Validity from the ids (``offset <= id < offset + E``) or, with FROM_MASK, from a uint8 mask ``[T, k]``."""
     if PDL:
@@ -47,7 +47,7 @@ def _finalize_kernel(ybuf_ptr, topk_w_ptr, ids_ptr, valid_ptr, out_ptr, H, num_e
             eid = tl.load(ids_ptr + route)
             valid = (eid >= expert_offset) & (eid < expert_offset + num_experts)
         w = tl.load(topk_w_ptr + route)
-        y = tl.load(ybuf_ptr + route * H + cols, mask=col_ok & valid, other=0.0).to(tl.float32)
+        y = tl.load(ybuf_ptr + route * LDY + cols, mask=col_ok & valid, other=0.0).to(tl.float32)
         acc += tl.where(valid, w * y, 0.0)
     tl.store(out_ptr + t * H + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
@@ -55,7 +55,8 @@ def _finalize_kernel(ybuf_ptr, topk_w_ptr, ids_ptr, valid_ptr, out_ptr, H, num_e
 def launch_finalize(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: torch.Tensor, *,
                     topk_ids: Optional[torch.Tensor] = None, num_experts: int = 0, expert_offset: int = 0,
                     valid: Optional[torch.Tensor] = None) -> None:
-    """Combine ``ybuf [T*k, H]`` into ``out [T, H]`` (T >= 1).
+    """Combine ``ybuf [T*k, H]`` into ``out [T, H]`` (T >= 1). ``ybuf`` may be wider than ``out`` (a
+    padded ``[T*k, Hp]`` buffer: its first ``H`` columns are read through its row stride).
 
     Route validity comes from ``topk_ids [T, k]`` (int32/int64) with ``num_experts``/``expert_offset``, or from
     a bool ``valid [T, k]``. ``topk_weights`` fp32 ``[T, k]``; all inputs contiguous.
@@ -69,5 +70,7 @@ def launch_finalize(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: torch.T
     grid = (tokens, triton.cdiv(hidden, block_h))
     pdl = pdl_supported(out.device)
     extra = {"launch_pdl": True} if pdl else {}
-    _finalize_kernel[grid](ybuf, topk_weights, ids, valid_u8, out, hidden, num_experts, expert_offset,
+    if ybuf.dim() != 2 or ybuf.stride(1) != 1 or ybuf.shape[1] < hidden:
+        raise ValueError(f"ybuf: expected a row-major [T*k, >= {hidden}] tensor, got shape {tuple(ybuf.shape)}")
+    _finalize_kernel[grid](ybuf, topk_weights, ids, valid_u8, out, hidden, ybuf.stride(0), num_experts, expert_offset,
                            TOPK=top_k, FROM_MASK=from_mask, BLOCK_H=block_h, PDL=pdl, num_warps=4, **extra)

@@ -1,0 +1,110 @@
+"""Any layer shape on the CuTe kernels (padded plans, :mod:`w4a16_moe.kernels.cute.padding`), on the GPU.
+
+A fuzz over random ``(H, I)`` multiples of 64 in ``[128, 3072]`` (plus gpt-oss 2880/2880 and the
+Nemotron-style 2688/1856) through the three CuTe families: the route-major decode kernels
+(``W4A16_MOE_CUTE_DECODE=1``), the SM90 WGMMA grouped GEMMs (``W4A16_MOE_CUTE_DECODE=0``) and the portable
+warp family (``W4A16_MOE_CUTE_FAMILY=warp``), both finalize modes, BF16 and FP16, several schemes; every
+output poisoned with NaN first, NRMSE < 0.02 against ``reference_moe``. Also the masked layout and the
+expert-parallel halves on padded layers.
+
+Kernels it needs (all in the ``full`` AOT subset, no tuner-only candidate is forced): the rule's tile
+buckets of the SM90 family for 2..8 and 40 routes per expert (TN 8 / 16 and TN 64; the masked case TN 16) and
+of the warp family (TN 8, 64), the default decode knob set, for the schemes and dtypes the cases list, SwiGLU
+(and relu2 in a few cases).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import w4a16_moe as wm
+from w4a16_moe.providers import select_provider
+from w4a16_moe.routes import combine_routes, expert_routes
+from w4a16_moe.validate import check_moe_call
+
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe
+
+SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")]
+
+TOL = 0.02
+PATHS = ("decode", "sm90", "warp")
+
+
+def _cases():
+    rng = random.Random(18)
+    shapes = [(2880, 2880), (2688, 1856)]
+    while len(shapes) < 30:
+        s = (64 * rng.randint(2, 48), 64 * rng.randint(2, 48))
+        if s not in shapes:
+            shapes.append(s)
+    out = []
+    for n, (h, i) in enumerate(shapes):
+        schemes = ["int4_g32", "int4_g64_zp", "nvfp4", "mxfp4", "int4_channel"]
+        if h % 128 == 0 and i % 128 == 0:
+            schemes.append("int4_g128")
+        scheme = schemes[n % len(schemes)]
+        dtype = (torch.bfloat16, torch.float16)[n % 2]
+        finalize = ("deterministic", "fused")[(n // 2) % 2]
+        activation = "relu2" if n % 7 == 3 else "swiglu"
+        paths = PATHS if n < 2 else (PATHS[n % 3],)  # the two named shapes on every path
+        for path in paths:
+            out.append(pytest.param(h, i, scheme, dtype, finalize, activation, path,
+                                    id=f"{h}x{i}-{scheme}-{str(dtype)[6:]}-{finalize[:3]}-{activation}-{path}"))
+    return out
+
+
+def _set_path(monkeypatch, path):
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1" if path == "decode" else "0")
+    if path == "warp":
+        monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "warp")
+    else:
+        monkeypatch.delenv("W4A16_MOE_CUTE_FAMILY", raising=False)
+
+
+@pytest.mark.parametrize("h,i,scheme,dtype,finalize,activation,path", _cases())
+def test_any_shape(monkeypatch, h, i, scheme, dtype, finalize, activation, path):
+    _set_path(monkeypatch, path)
+    e = 8
+    w = random_weights(scheme, e, h, i, activation=activation, dtype=dtype, device="cuda", seed=h + i)
+    for t, k in ((2, 4),) if path == "decode" else ((3, 4), (80, 4)):  # 80 x 4 over 8 experts: TN 64 buckets
+
+        def on_path(x, tw, ids):
+            call = check_moe_call(x, w, tw, ids, activation=activation, finalize=finalize)
+            d = select_provider(call, "cute")
+            assert d.provider == "cute" and d.plan.decode == (path == "decode"), d.plan.describe()
+            assert d.plan.family == ("decode" if path == "decode" else path)
+            if (h, i) == (2880, 2880):
+                assert d.plan.pad, d.plan.describe()  # 2880 is not a multiple of 128: every path pads H
+
+        run_cute_moe(w, t, k, dtype=dtype, activation=activation, finalize=finalize, tol=TOL, check_path=on_path,
+                     seed=t)
+
+
+@pytest.mark.parametrize("h,i", [(2880, 2880), (2688, 1856)])
+def test_masked_and_expert_routes_padded(monkeypatch, h, i):
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
+    w = random_weights("int4_g64", 8, h, i, dtype=torch.bfloat16, device="cuda", seed=5)
+    cap, masked = 16, [0, 1, 16, 7, 9, 99, -3, 8]
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x = torch.randn(8, cap, h, generator=g).to(torch.bfloat16).cuda()
+    m = torch.tensor(masked, dtype=torch.int32, device="cuda")
+    out = wm.fused_moe_masked(x, w, m, backend="cute")
+    ref = wm.reference_moe_masked(x, w, m)
+    live = torch.zeros(8, cap, dtype=torch.bool)
+    for ex, v in enumerate(masked):
+        live[ex, : max(0, min(v, cap))] = True
+    live = live.cuda()
+    assert torch.isfinite(out).all() and torch.equal(out[~live], torch.zeros_like(out[~live]))
+    assert nrmse(out[live], ref[live]) < TOL
+    # expert-parallel halves: routes, then the combine, equal the fused call bit for bit
+    xt = torch.randn(5, h, generator=g).to(torch.bfloat16).cuda()
+    tw, ids = random_routing(5, 4, 8, device="cuda")
+    y, valid = expert_routes(xt, w, ids, activation="swiglu", backend="cute")
+    assert y.shape == (5, 4, h)
+    comb = combine_routes(y, tw, valid, torch.bfloat16)
+    full = wm.fused_moe(xt, w, tw, ids, backend="cute")
+    assert torch.equal(comb, full)
