@@ -99,6 +99,9 @@ SETTINGS = (
             "Default of `warmup(..., autotune=)`: time the CuTe provider's candidates for the layer on this GPU "
             "(kernels already prebuilt or cached only; bounded in time) and store the fastest per token count in "
             "`<cache dir>/autotune`, which every later plan of that layer uses."),
+    Setting("W4A16_MOE_ROUTING", "routing", "choice", "triton",
+            "Kernels of the CuTe provider's route preparation and deterministic finalize: `triton` (Triton JIT) or "
+            "`cute` (the prebuilt CuTe routing family, no Triton compile at run time).", ("triton", "cute")),
     Setting("W4A16_MOE_PDL", "pdl", "bool", True,
             "Programmatic dependent launch between the kernels of a call (SM90+); `0` turns it off for the "
             "route preparation and the finalize."),

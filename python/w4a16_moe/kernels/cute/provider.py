@@ -423,12 +423,26 @@ def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype, pad: t
         )
 
 
+def _routing() -> tuple:
+    """``(prepare_routes, prepare_masked_routes, launch_finalize)`` of the routing setting
+    (``W4A16_MOE_ROUTING``): the Triton kernels or the CuTe routing family (same contract, bit-identical
+    finalize)."""
+    if settings.get().routing == "cute":
+        from .routing import launch as rl
+
+        return rl.prepare_routes_cute, rl.prepare_masked_routes_cute, rl.launch_finalize_cute
+    from ..routing.finalize import launch_finalize
+    from ..routing.prepare import prepare_masked_routes, prepare_routes
+
+    return prepare_routes, prepare_masked_routes, launch_finalize
+
+
 def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     """Route prep + gate/up GEMM of plan ``p``: ``(family, h [T*k, Ip], routes, packed w2)`` (x copied into
     a zero-padded ``[T, Hp]`` buffer when the plan pads H)."""
-    from ..routing.prepare import prepare_routes
     from .padding import pad_cols
 
+    prepare_routes = _routing()[0]
     tokens, top_k = ids.shape
     family = registry.get(p.family)
     up, down = p.configs
@@ -475,8 +489,6 @@ def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, o
 
 def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optional[Plan] = None) -> None:
     """Run one validated ``fused_moe`` call (see the module docstring) into ``out``."""
-    from ..routing.finalize import launch_finalize
-
     tokens, top_k = topk_ids.shape
     if tokens == 0:
         return
@@ -496,7 +508,11 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
         # y [R, Hp]: the finalize reads its first H columns through the row stride
         y = torch.empty(r, hp, dtype=x.dtype, device=x.device)
         _launch(family, p.arch, down, p2, hbuf, y, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
-        launch_finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
+        if hp == h:
+            finalize = _routing()[2]
+        else:  # the CuTe finalize reads a dense [R, H] buffer; the Triton one reads y through its row stride
+            from ..routing.finalize import launch_finalize as finalize
+        finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
     else:
         acc = torch.zeros(tokens, hp, dtype=torch.float32, device=x.device)
         _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
@@ -517,9 +533,9 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     The same two grouped GEMMs as the routed path with ``top_k = 1`` and the flat rows ``e*cap + r``
     as routes (the down GEMM's ``y`` epilogue writes them in place); no finalize pass.
     """
-    from ..routing.prepare import prepare_masked_routes
     from .padding import pad_cols, padded_out
 
+    prepare_masked_routes = _routing()[1]
     e, cap, h = x.shape
     if e == 0 or cap == 0:
         return
@@ -607,6 +623,10 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
                     _kernel(family, p.arch, cfg).ensure_loaded()
                     if cfg.name() not in names:
                         names.append(cfg.name())
+    if settings.get().routing == "cute":  # the CuTe route preparation / finalize kernels of this layer
+        from .routing import launch as rl
+
+        names += rl.warm(e, weights.device)
     return names
 
 
