@@ -10,6 +10,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 old=$(cd "${1:?usage: scripts/ab_bench.sh OLD_ROOT [ROUNDS]}" && pwd)
 rounds=${2:-1}
+order=${AB_ORDER:-old new new old}  # per round and workload
 export PYTHONUNBUFFERED=1 W4A16_MOE_DISABLE_JIT=1
 run() {  # rev root prebuilt workload n
   local rev=$1 root=$2 pb=$3 wl=$4 n=$5
@@ -19,10 +20,11 @@ run() {  # rev root prebuilt workload n
 }
 for wl in kimi-tp8 deepseek-ep8; do
   for n in $(seq 1 "$rounds"); do
-    run old "$old" "$old/prebuilt" "$wl" "a$n"
-    run new "$PWD" "$PWD/.device/prebuilt" "$wl" "a$n"
-    run new "$PWD" "$PWD/.device/prebuilt" "$wl" "b$n"
-    run old "$old" "$old/prebuilt" "$wl" "b$n"
+    i=0
+    for rev in $order; do
+      i=$((i + 1))
+      if [ "$rev" = old ]; then run old "$old" "$old/prebuilt" "$wl" "$n$i"; else run new "$PWD" "$PWD/.device/prebuilt" "$wl" "$n$i"; fi
+    done
   done
 done
 python3 scripts/ab_summary.py "$OUT" | tee "$OUT/ab_summary.md"
