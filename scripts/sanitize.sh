@@ -22,7 +22,8 @@ for tool in $tools; do
     t0=$SECONDS
     timeout "${SANITIZE_TIMEOUT:-240}" "$CS" --tool "$tool" python scripts/sanitize.py --path "$path" >"$log" 2>&1
     st=$?
-    errs=$(grep -oE "ERROR SUMMARY: [0-9]+" "$log" | tail -1 | grep -oE "[0-9]+$")
+    # memcheck / initcheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H hazards displayed (N errors, ..."
+    errs=$(grep -oE "ERROR SUMMARY: [0-9]+|\([0-9]+ errors" "$log" | tail -1 | grep -oE "[0-9]+")
     checks=$(grep -c " ok$" "$log")
     echo "sanitize: $tool $path: exit $st, ${errs:-?} errors, $checks checks ok, $((SECONDS - t0)) s"
     [ "$st" = 0 ] && [ "${errs:-1}" = 0 ] || rc=1
