@@ -6,7 +6,7 @@
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
 the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
-(``--decode-knobs``, the tuner's). With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+(``--decode-knobs``, the tuner's), and the persistent decode grids the decode GPU tests force. With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
@@ -25,12 +25,18 @@ from w4a16_moe.kernels.cute.decode import family as dec  # noqa: E402
 from w4a16_moe.kernels.cute.sm90 import family as fam  # noqa: E402
 
 
+#: knob sets the decode GPU tests force (``PERSISTENT`` and the bit-identity test of tests/test_cute_decode.py)
+TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528")
+
+
 def device_specs(decode_knobs=()) -> list:
     specs = list(subset_specs("full", "sm_90a"))
     for names, fins in ((("int4_g32", "nvfp4"), ("deterministic", "fused")),
                         (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
                               finalizes=fins, tiles=fam.CANDIDATES)
+    # the persistent decode grids tests/test_cute_decode.py forces, for every scheme, dtype and activation
+    specs += dec.variants(knobs=[dec.knob_items(k) for k in TEST_DECODE_KNOBS])
     knobs = [dec.knob_items(k) for k in decode_knobs]
     specs += dec.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                           activations=("swiglu",), knobs=knobs or ((),))
