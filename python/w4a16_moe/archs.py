@@ -5,12 +5,14 @@ family use them all); ``SM90_ARCHS`` are the archs of the WGMMA and decode famil
 loader, the AOT command line and the family modules read this without torch or the DSL.
 """
 
-__all__ = ["ARCHS", "SM90_ARCHS", "DEFAULT_SM_COUNT", "arch_of_capability"]
+__all__ = ["ARCHS", "SM90_ARCHS", "PDL_ARCHS", "DEFAULT_SM_COUNT", "arch_of_capability"]
 
 #: every arch the loader, the AOT build and the warp-MMA family accept
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
 #: the archs of the SM90 families (WGMMA grouped GEMM, route-major decode kernels)
 SM90_ARCHS = ("sm_90a",)
+#: the archs of SM90 and later (programmatic dependent launch; the CuTe routing family)
+PDL_ARCHS = tuple(a for a in ARCHS if int(a[3:].rstrip("a")) >= 90)
 #: SM count assumed by selection when a call has no device to ask (tuner unit tests): an H100 / H200 SXM
 DEFAULT_SM_COUNT = 132
 

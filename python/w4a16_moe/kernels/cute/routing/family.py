@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from ....archs import PDL_ARCHS
 from ....loader.spec import KernelSpec, config_codec
 from .config import E_PADS, FINALIZE_VECS, ROUTE_MODES, RoutingConfig
 
@@ -31,7 +32,7 @@ __all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "m
 
 FAMILY = "w4a16_routing"
 #: SM90 and later (griddepcontrol); see the module docstring for SM80-SM89
-ARCHS = ("sm_90a", "sm_100a", "sm_103a", "sm_120a")
+ARCHS = PDL_ARCHS
 #: instructions every kernel must contain (the AOT SASS check): none; local memory is still refused
 SASS_EXPECT = ()
 #: warps per CTA of each mode
