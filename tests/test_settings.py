@@ -74,3 +74,13 @@ def test_override_is_scoped():
     with pytest.raises(TypeError, match="unknown settings"):
         with settings.override(no_such_thing=1):
             pass
+
+
+def test_cute_family_names_come_from_the_registry(monkeypatch):
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute.provider import family_for
+
+    monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "hopper")
+    info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+    with pytest.raises(ValueError, match="W4A16_MOE_CUTE_FAMILY: expected auto or one of sm90, warp, got 'hopper'"):
+        family_for(info)

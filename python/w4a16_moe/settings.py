@@ -86,9 +86,9 @@ SETTINGS = (
             "Never compile a kernel: a kernel that is neither prebuilt nor cached is an error naming it."),
     Setting("W4A16_MOE_PREBUILT_DIR", "prebuilt_dir", "path", None,
             "Prebuilt kernel libraries to use instead of the installed package's `_prebuilt/`."),
-    Setting("W4A16_MOE_CUTE_FAMILY", "cute_family", "choice", "auto",
-            "Force a CuTe kernel family (`sm90` needs compute capability 9.x; `warp` runs the portable "
-            "mma.sync family on any supported GPU).", ("auto", "sm90", "warp")),
+    Setting("W4A16_MOE_CUTE_FAMILY", "cute_family", "str", "auto",
+            "Force a CuTe grouped-GEMM family by its registry name (`sm90` needs compute capability 9.x; `warp` runs "
+            "the portable mma.sync family on any supported GPU); `auto` takes the first that supports the device."),
     Setting("W4A16_MOE_CUTE_DECODE", "cute_decode", "choice", "auto",
             "Route-major decode kernels for small routed calls: `0` never, `1` for every routed call that fits "
             "one launch (tests), `auto` where the selection picks them.", ("auto", "0", "1")),

@@ -82,6 +82,9 @@ def family_for(info: DeviceInfo) -> "tuple[Optional[KernelFamily], Optional[str]
     """``(grouped family, None)`` serving a CUDA device, or ``(None, why not)``: the first registered
     grouped family that supports the device (``W4A16_MOE_CUTE_FAMILY`` forces one)."""
     forced = settings.get().cute_family
+    grouped = [f.name for f in registry.families() if f.role == "grouped"]
+    if forced != "auto" and forced not in grouped:
+        raise ValueError(f"W4A16_MOE_CUTE_FAMILY: expected auto or one of {', '.join(grouped)}, got {forced!r}")
     arch = info.arch
     why = None
     for fam in registry.families():
