@@ -38,6 +38,7 @@ from typing import Iterable, Optional
 from ....archs import DEFAULT_SM_COUNT, SM90_ARCHS
 from ....loader.spec import KernelSpec, config_codec
 from .. import overrides
+from .. import tiles as tiles_rule
 from . import tuned
 from .tuned import TUNED_PATH
 
@@ -191,22 +192,12 @@ def kernel_config(**fields):
 spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
-def _bucket(rows_per_expert: int) -> dict:
-    for bound, tiles in TILES:
-        if bound is None or rows_per_expert <= bound:
-            return tiles
-    raise AssertionError  # pragma: no cover
-
-
 def select_tiles(num_routes: int, num_experts: int) -> dict:
     """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts."""
-    r = -(-num_routes // max(1, min(num_experts, num_routes)))
-    return dict(_bucket(r))
+    return tiles_rule.select(TILES, num_routes, num_experts)
 
 
-def group_param(scheme) -> int:
-    """``Sm90GemmConfig.group`` of a scheme: its group size, 0 for per-channel scales."""
-    return 0 if scheme.group_size is None else scheme.group_size
+group_param = tiles_rule.group_param
 
 
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):

@@ -28,6 +28,7 @@ import functools
 from typing import Iterable, Optional
 
 from ....archs import ARCHS as ALL_ARCHS, DEFAULT_SM_COUNT
+from .. import tiles as tiles_rule
 from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
@@ -68,22 +69,12 @@ def kernel_config(**fields):
 spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
-def _bucket(rows_per_expert: int) -> dict:
-    for bound, tiles in TILES:
-        if bound is None or rows_per_expert <= bound:
-            return tiles
-    raise AssertionError  # pragma: no cover
-
-
 def select_tiles(num_routes: int, num_experts: int) -> dict:
     """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts."""
-    r = -(-num_routes // max(1, min(num_experts, num_routes)))
-    return dict(_bucket(r))
+    return tiles_rule.select(TILES, num_routes, num_experts)
 
 
-def group_param(scheme) -> int:
-    """``WarpGemmConfig.group`` of a scheme: its group size, 0 for per-channel scales."""
-    return 0 if scheme.group_size is None else scheme.group_size
+group_param = tiles_rule.group_param
 
 
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
