@@ -182,7 +182,10 @@ class CacheResult:
     seconds: float
 
 
-class _FileLock:
+class FileLock:
+    """An exclusive ``flock`` on ``path`` (created if missing), held for the ``with`` block; waits (and logs
+    that it waits) while another process holds it. The JIT cache and the autotune store use it."""
+
     def __init__(self, path: Path):
         self.path = path
         self.fd = -1
@@ -194,7 +197,7 @@ class _FileLock:
         except OSError as e:
             if e.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
-            log.info("waiting for another process building %s", self.path.stem)
+            log.info("waiting for another process holding %s", self.path.name)
             t0 = time.perf_counter()
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             log.info("lock %s acquired after %.2f s", self.path.name, time.perf_counter() - t0)
@@ -252,7 +255,7 @@ def get_or_build(spec: KernelSpec, arch: str, root: Optional[Path] = None, *, co
             "(pip install 'w4a16-moe[jit]')" + (f"; {context}" if context else "")
         )
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with _FileLock(entry.with_name(entry.name + ".lock")):
+    with FileLock(entry.with_name(entry.name + ".lock")):
         ok, reason = validate_entry(entry, spec, arch, key)
         if ok:
             log.info("JIT cache: %s for %s was built by another process", spec.name, arch)

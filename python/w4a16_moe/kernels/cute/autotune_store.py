@@ -215,28 +215,6 @@ def read_entry(key: LayerKey, root: Optional[Path] = None, versions: Optional[di
     return {"grid": grid, "rows": rows, "device": raw.get("device"), "date": raw.get("date"), "path": str(p)}
 
 
-class _Lock:
-    """An exclusive ``flock`` on ``path`` (blocking)."""
-
-    def __init__(self, path: Path):
-        self.path, self.fd = path, -1
-
-    def __enter__(self):
-        import fcntl
-
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        import fcntl
-
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-        finally:
-            os.close(self.fd)
-
-
 def update(key: LayerKey, rows, grid, root: Optional[Path] = None, device: Optional[str] = None) -> Path:
     """Merge ``rows`` (:class:`Row` s; a row replaces the stored row of its token count) and ``grid`` (the
     token counts the tuner covers) into the entry of ``key``, under the entry's lock; an entry of other
@@ -244,7 +222,9 @@ def update(key: LayerKey, rows, grid, root: Optional[Path] = None, device: Optio
     p = path_for(key, root)
     p.parent.mkdir(parents=True, exist_ok=True)
     vers = running_versions()
-    with _Lock(p.with_name(p.name + ".lock")):
+    from ...loader.jit_cache import FileLock
+
+    with FileLock(p.with_name(p.name + ".lock")):
         old = read_entry(key, root, vers) or {"grid": [], "rows": {}}
         merged = dict(old["rows"])
         merged.update({r.tokens: r for r in rows})
