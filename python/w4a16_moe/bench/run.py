@@ -13,6 +13,13 @@ alternating provider order, and report the median. ``--json`` writes a list of r
 ``layer, tokens, impl, median_us, floor_eff_us, nrmse, device, revision`` and more), ``--markdown`` a
 table, ``--plot`` latency against tokens with the floor.
 
+``--autotune``: before timing, run :func:`w4a16_moe.warmup` with ``autotune=True`` for the layer (its top-k,
+dtype and activation, the largest token count, both finalize modes; ``--autotune-budget`` seconds, default 60),
+so the rows measure the plans the on-device autotuner stored; the warmup's wall time is printed and recorded in
+the run's meta (``warmup_s``). Without it the rows measure the shipped selection alone (a stored autotune row
+of the same layer and versions in the project-local cache is used either way: clear the cache's ``autotune``
+folder for a cold measurement).
+
 Providers (impl name in the records): ``cute`` or ``auto`` (``w4a16_moe``: CuTe / the project's own choice,
 deterministic finalize: fixed-order FP32 combine, no split-K, batch-invariant), ``cute-fused``
 (``w4a16_moe_fused``: CuTe, fused finalize: FP32 atomics in the down GEMM, split-K allowed), ``triton``
@@ -103,16 +110,32 @@ def _time(fn: Callable[[], object]) -> float:
 
 
 def run_bench(workload: "str | Workload", providers: list[str], tokens: Optional[list[int]] = None,
-              samples: int = 3, log=print, device: str = "cuda", timer: Optional[Callable] = None) -> dict:
+              samples: int = 3, log=print, device: str = "cuda", timer: Optional[Callable] = None,
+              autotune_s: Optional[float] = None) -> dict:
     """Measure ``workload`` (a :data:`WORKLOADS` name or a :class:`Workload`) at ``tokens`` (default: its
     rows). Returns ``{"meta": ..., "records": [...]}`` (records: :mod:`.records`' schema, one per row and
-    provider that ran). ``device`` and ``timer`` (default :func:`_time`) are for tests off the GPU."""
+    provider that ran). ``device`` and ``timer`` (default :func:`_time`) are for tests off the GPU.
+    ``autotune_s``: run ``warmup(..., autotune=True, autotune_budget_s=autotune_s)`` first (meta ``warmup_s``)."""
     wl = WORKLOADS[workload] if isinstance(workload, str) else workload
     dev = torch.device(device)
     timer = timer or _time
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
     meta = _meta(wl, None if dev.type == "cuda" else str(dev))
+    tokens = list(tokens or wl.tokens)
+    if autotune_s is not None:
+        import time
+
+        from ..api import warmup
+
+        t0 = time.perf_counter()
+        warmup(weights, dtype=wl.torch_dtype, activation=wl.activation, top_k=wl.top_k, max_tokens=max(tokens),
+               autotune=True, autotune_budget_s=autotune_s)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        meta["warmup_s"] = round(time.perf_counter() - t0, 2)
+        meta["autotune_budget_s"] = autotune_s
+        log(f"# warmup(autotune=True, budget {autotune_s:g} s, max_tokens {max(tokens)}): {meta['warmup_s']:.1f} s")
     fns = {}
     for p in providers:
         fn = _provider_fn(p, wl, weights)
@@ -121,7 +144,6 @@ def run_bench(workload: "str | Workload", providers: list[str], tokens: Optional
             continue
         fns[p] = fn
     records = []
-    tokens = list(tokens or wl.tokens)
     data = benchmark_rows(wl, tokens, gen, dev)
     for t in tokens:
         x, tw, ids = data.pop(t)
@@ -283,6 +305,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--json", default=None, help="write the records (a JSON list, one per row and provider)")
     ap.add_argument("--markdown", default=None, help="write a markdown table to this path")
     ap.add_argument("--plot", default=None, help="write a PNG plot of latency against tokens (needs matplotlib)")
+    ap.add_argument("--autotune", action="store_true",
+                    help="warmup(autotune=True) for the layer before timing (its wall time is recorded)")
+    ap.add_argument("--autotune-budget", type=float, default=60.0,
+                    help="the autotuner's time budget in seconds (default 60)")
     ap.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     args = ap.parse_args(argv)
     if args.list_presets:
@@ -311,7 +337,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     if not torch.cuda.is_available():
         print("bench: needs a CUDA GPU", file=sys.stderr)
         return 2
-    result = run_bench(wl, providers, tokens, samples=args.samples)
+    if not (args.autotune_budget > 0 and math.isfinite(args.autotune_budget)):
+        ap.error(f"--autotune-budget: must be a positive number of seconds, got {args.autotune_budget}")
+    result = run_bench(wl, providers, tokens, samples=args.samples,
+                       autotune_s=args.autotune_budget if args.autotune else None)
     if args.json:
         rec.write_json(result["records"], args.json)
     if args.markdown:
