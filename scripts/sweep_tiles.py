@@ -1,0 +1,104 @@
+"""Time every grouped-GEMM choice the CuTe provider can make on a set of layers (GPU; data for the selection rule).
+
+    python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
+        [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500]
+
+For each layer (``E,H,I,TOPK``, uniform routing over the E local experts) and token count it times, like the
+autotuner (:mod:`w4a16_moe.kernels.cute.autotune`: first call checked against the FP32 reference, then CUDA
+graph replays), every candidate of ``autotune.candidates`` whose kernels the loader has (prebuilt or cached):
+the rule's buckets and the tuned table's tiles of the SM90 family, the warp family's tiles, each with the
+split-K rule and 1, 2, 4, 8, and the decode path where it applies. It writes every time, not only the
+fastest, with the selection's default choice marked, so a rule or cost model can be fitted and checked
+against all of it. Kernels are never compiled here (``W4A16_MOE_DISABLE_JIT=1`` on the GPU machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK per layer")
+    ap.add_argument("--tokens", default="16,64,256,1024")
+    ap.add_argument("--scheme", default="int4_g128")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--activation", default="swiglu")
+    ap.add_argument("--finalize", default="deterministic")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rows after this long")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.bench.workloads import SEED, Workload, make_weights
+    from w4a16_moe.device import probe
+    from w4a16_moe.kernels.cute import autotune as at
+    from w4a16_moe.kernels.cute import choice_plan
+    from w4a16_moe.kernels.cute.provider import cute_fused_moe
+    from w4a16_moe.reference import reference_moe
+    from w4a16_moe.validate import MoECall
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    act = get_activation(args.activation)
+    tokens = [int(t) for t in args.tokens.split(",")]
+    dev = torch.device("cuda")
+    info = probe(dev)
+    t_start = time.perf_counter()
+    rows = []
+    for spec in args.layers:
+        e, h, i, k = (int(v) for v in spec.split(","))
+        wl = Workload(f"sweep-{spec}", spec, e, e, h, i, k, args.scheme, tuple(tokens), args.dtype, args.activation)
+        weights = make_weights(wl, torch.Generator(device=dev).manual_seed(SEED), dev)
+        memo: dict = {}
+        for t in tokens:
+            if time.perf_counter() - t_start > args.budget_s:
+                print(f"# budget spent: {spec} T={t} and later rows not measured", flush=True)
+                break
+            call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name)
+            default = at._default_choice(call, info)
+            cands = at.candidates(call, info, memo=memo)
+            x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t)
+            ref = reference_moe(x, weights, tw, ids, activation=act.name)
+            res = []
+            for c in cands:
+                p = choice_plan.plan_of_choice(call, info, c)
+                if p is None:
+                    continue
+                o = torch.full_like(x, float("nan"))
+                try:
+                    cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
+                    torch.cuda.synchronize()
+                    err = ((o.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+                    if not (err < at.MAX_NRMSE and bool(torch.isfinite(o).all())):
+                        res.append(dict(choice=c.label(), error=f"nrmse {err:.3g}"))
+                        continue
+                    us = at._time_us(lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p))
+                except Exception as ex:  # noqa: BLE001 - recorded, the sweep goes on
+                    res.append(dict(choice=c.label(), error=f"{type(ex).__name__}: {str(ex)[:200]}"))
+                    continue
+                res.append(dict(choice=c.label(), family=p.family, decode=bool(p.decode), tiles=dict(p.tiles),
+                                splits=list(p.splits), us=round(us, 2), nrmse=round(err, 5),
+                                default=(default is not None and c == default)))
+            ok = [r for r in res if "us" in r]
+            best = min(ok, key=lambda r: r["us"]) if ok else None
+            dflt = next((r for r in ok if r["default"]), None)
+            print(f"{spec} T={t}: {len(ok)} timed; best {best and best['choice']} {best and best['us']} us;"
+                  f" default {dflt and dflt['choice']} {dflt and dflt['us']} us", flush=True)
+            rows.append(dict(layer=spec, E=e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme, dtype=args.dtype,
+                             finalize=args.finalize, default=default and default.label(), results=res))
+            del x, tw, ids, ref
+        del weights
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=info.name, sm_count=info.sm_count, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
