@@ -225,6 +225,11 @@ def test_plan_families_pad(_kernels_anywhere, monkeypatch):
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
     provider.clear_plans()
     p = provider.plan(call, H200)
+    assert p.family == "warp" and not p.decode  # the rule's smallest bucket: the warp-MMA tiles
+    _check_padded(p, call)
+    monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "sm90")
+    provider.clear_plans()
+    p = provider.plan(call, H200)
     assert p.family == "sm90" and not p.decode
     _check_padded(p, call)
     monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "warp")
@@ -369,8 +374,8 @@ def test_padded_execution_emulated(_kernels_anywhere, monkeypatch, path, finaliz
     from w4a16_moe.kernels.routing import finalize as fin_mod, prepare as prep_mod
 
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1" if path == "decode" else "0")
-    if path == "warp":
-        monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "warp")
+    if path in ("warp", "sm90"):  # the family under test (auto would pick warp for this small call)
+        monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", path)
     provider.clear_plans()
     h, i, e, t, k = 192, 320, 4, 5, 2
     w = _layer(scheme, e, h, i, activation=activation, seed=7)

@@ -1,7 +1,9 @@
 """Plans on the CPU: the CuTe provider's plan of a grid of calls equals what the code of ed90ab0 chose
 (tiles, family, split-K, decode or not, kernel configs), recorded in ``tests/data/plan_choices_ed90ab0.json``
-from ``choose_with_family`` / ``use_decode`` / ``decode_bound`` / ``num_splits`` before the plan existed;
-and the tuned table converted to candidate names selects the same tile dicts as the index-based one."""
+from ``choose_with_family`` / ``use_decode`` / ``decode_bound`` / ``num_splits`` before the plan existed,
+wherever a tuned-table row or the decode rule decides; calls the routes-per-expert rule decides follow the
+rule's current table (re-fitted after ed90ab0, see ``sm90.family``); and the tuned table converted to
+candidate names selects the same tile dicts as the index-based one."""
 
 from __future__ import annotations
 
@@ -46,8 +48,23 @@ ROUTED = [r for r in REC["rows"] if "tokens" in r]
 MASKED = [r for r in REC["rows"] if "masked_capacity" in r]
 
 
+def _rule_plan_ok(p, r, finalize):
+    """A grouped plan the rule decided: the rule's family and tiles, that family's split-K rule."""
+    from w4a16_moe.kernels.cute import registry
+
+    L = REC["layers"][r["layer"]]
+    want_family, want_tiles, _ = fam.rule_choice(r["tokens"] * L["k"], L["e"])
+    f = registry.get(want_family)
+    up, down = p.configs
+    rr = r["tokens"] * L["k"]
+    n13 = 2 * L["i"]  # swiglu: gated
+    return (p.family == want_family and dict(p.tiles) == want_tiles
+            and p.splits == (f.num_splits(n13, L["h"], up, rr, L["e"], 132), f.num_splits(L["h"], L["i"], down, rr, L["e"], 132)))
+
+
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 def test_routed_plans_match_the_recorded_choices(finalize):
+    ruled = 0
     for r in ROUTED:
         p = provider.plan(_routed(r["layer"], r["tokens"], finalize), _info(r["layer"]))
         where = (r["layer"], r["tokens"], finalize)
@@ -55,10 +72,15 @@ def test_routed_plans_match_the_recorded_choices(finalize):
         if p.decode:
             assert [c.name() for c in p.configs] == r["decode_configs"], where
             continue
+        if p.note == "rule":
+            assert _rule_plan_ok(p, r, finalize), (where, p.family, dict(p.tiles), p.splits)
+            ruled += 1
+            continue
         assert p.family == r["family"] and dict(p.tiles) == r["tiles"], where
         assert [c.name() for c in p.configs] == r[finalize]["configs"], where
         assert p.splits == (r[finalize]["split_up"], r[finalize]["split_down"]), where
         assert p.arch == "sm_90a"
+    assert ruled > 20  # the untuned layers (U, W1 fp16, W1 on an H100) are decided by the rule
 
 
 def test_routes_only_plans_never_decode():
@@ -66,8 +88,26 @@ def test_routes_only_plans_never_decode():
         call = _routed(r["layer"], r["tokens"], "deterministic")
         call = MoECall(**{**call.__dict__, "routes_only": True})
         p = provider.plan(call, _info(r["layer"]))
-        assert not p.decode and dict(p.tiles) == r["tiles"], (r["layer"], r["tokens"])
+        assert not p.decode, (r["layer"], r["tokens"])
+        if p.note == "rule":
+            assert _rule_plan_ok(p, r, "deterministic"), (r["layer"], r["tokens"])
+            continue
+        assert dict(p.tiles) == r["tiles"], (r["layer"], r["tokens"])
         assert [c.name() for c in p.configs] == r["deterministic"]["configs"]
+
+
+@pytest.mark.parametrize("routes_per_expert, family, tn", [
+    (1, "warp", 8), (4, "warp", 8), (5, "warp", 16), (12, "warp", 16), (13, "sm90", 32), (24, "sm90", 32),
+    (25, "sm90", 48), (48, "sm90", 48), (49, "sm90", 80), (160, "sm90", 80), (161, "sm90", 96), (4096, "sm90", 96)])
+def test_the_rule_buckets(routes_per_expert, family, tn):
+    e = 64
+    got_family, tiles, splits = fam.rule_choice(routes_per_expert * e, e)
+    assert (got_family, tiles["tokens_per_tile"], splits) == (family, tn, None)
+    from w4a16_moe import settings
+
+    with settings.override(cute_family="sm90"):  # the warp family may not be chosen: SM90 tiles only
+        got_family, tiles, _ = fam.rule_choice(routes_per_expert * e, e)
+        assert got_family == "sm90" and tiles == fam.select_tiles(routes_per_expert * e, e)
 
 
 def test_masked_plans_match_the_recorded_choices():
@@ -76,8 +116,12 @@ def test_masked_plans_match_the_recorded_choices():
         call = MaskedCall(L["e"], r["masked_capacity"], L["h"], L["i"], DT[L["dt"]], torch.device("cuda"),
                           get_activation("swiglu"), L["scheme"])
         p = provider.plan(call, _info(r["layer"]))
-        assert dict(p.tiles) == r["tiles"] and [c.name() for c in p.configs] == r["configs"], r
-        assert p.splits == (r["split_up"], r["split_down"]), r
+        assert dict(p.tiles) == fam.select_tiles(L["e"] * r["masked_capacity"], L["e"]), r  # SM90 tiles only
+        f = provider.registry.get("sm90")
+        rr = L["e"] * r["masked_capacity"]
+        up, down = p.configs
+        assert p.splits == (f.num_splits(2 * L["i"], L["h"], up, rr, L["e"], 132),
+                            f.num_splits(L["h"], L["i"], down, rr, L["e"], 132)), r
 
 
 def test_plans_are_cached_and_follow_settings_and_overrides():

@@ -7,15 +7,22 @@ the same specs feed JIT (on first use) and AOT (:func:`variants` enumerates them
 Tile selection (:func:`select_tiles`) uses only host-known sizes (``T * k``, ``E``, ``N``, ``K``), so a
 call never synchronizes, and one compiled kernel per bucket serves every token count:
 
-=====================  ====  ==  ===  ======  ====  ===========  =================================
-routes per expert r    TN    X   BK   stages  WGs   schedule     note
-=====================  ====  ==  ===  ======  ====  ===========  =================================
-r <= 8                 8     2   64   4       1     overlap, o4  decode: weight-bandwidth bound
-r <= 16                16    2   64   4       1     overlap, o3
-r <= 32                32    2   128  4       1     serial
-r <= 64                64    2   128  4       1     overlap
-r > 64                 128   4   64   3       2     overlap      prefill: two consumer warpgroups
-=====================  ====  ==  ===  ======  ====  ===========  =================================
+=====================  ====  ==  ===  ======  ====  =================================  ==========================
+routes per expert r    TN    X   BK   stages  WGs   schedule                           with the warp family (auto)
+=====================  ====  ==  ===  ======  ====  =================================  ==========================
+r <= 4                 8     2   64   4       1     overlap, 4 CTAs/SM                 warp TN 8, BK 128
+r <= 12                16    2   64   4       1     overlap, 3 CTAs/SM                 warp TN 16, BK 128
+r <= 24                32    2   128  4       1     serial
+r <= 48                48    4   64   4       2     overlap, 4 TN variants, PDL, f2
+r <= 160               80    4   64   4       2     overlap, 4 TN variants, PDL, f2
+r > 160                96    4   64   4       2     overlap                            (prefill)
+=====================  ====  ==  ===  ======  ====  =================================  ==========================
+
+(``f2``: two k16 blocks per WGMMA group, ``mma_kblocks``.) With ``W4A16_MOE_CUTE_FAMILY=auto`` (the default)
+the two smallest buckets run on the warp-MMA family's tiles (:data:`WARP_RULE`), which measured faster there.
+The buckets and tiles come from an H200 sweep of every selectable tile and split-K choice on six layers that
+are not presets (``scripts/sweep_tiles.py``; docs/perf/2026-12-01-selection): per bucket the tile with the
+lowest geometric-mean time relative to each row's fastest choice.
 
 ``r = cdiv(T * k, min(E, T * k))`` (an upper bound under expert parallelism, where most routes belong
 to other ranks). The table comes from the first H200 sweep of the kernel bundle (``docs/perf/``); split-K
@@ -35,6 +42,7 @@ from __future__ import annotations
 import functools
 from typing import Iterable, Optional
 
+from .... import settings
 from ....archs import DEFAULT_SM_COUNT, SM90_ARCHS
 from ....loader.spec import KernelSpec, config_codec
 from .. import overrides
@@ -49,12 +57,18 @@ MAX_GRID_Y = 65535
 
 # bucket upper bound of routes per expert -> tile parameters of Sm90GemmConfig
 TILES = (
-    (8, dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4)),
-    (16, dict(tokens_per_tile=16, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=3)),
-    (32, dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")),
-    (64, dict(tokens_per_tile=64, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1)),
-    (None, dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2)),
+    (4, dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4)),
+    (12, dict(tokens_per_tile=16, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=3)),
+    (24, dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")),
+    (48, dict(tokens_per_tile=48, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, tn_variants=4,
+              mma_kblocks=2, pdl=True)),
+    (160, dict(tokens_per_tile=80, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2, tn_variants=4,
+               mma_kblocks=2, pdl=True)),
+    (None, dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2)),
 )
+#: the first buckets of :data:`TILES` that run on the warp-MMA family when it may be chosen
+#: (``W4A16_MOE_CUTE_FAMILY=auto``): bound -> the index of its tile in ``warp.family.TILES``
+WARP_RULE = ((4, 0), (12, 1))
 
 
 def _up2(tn: int, stages: int = 3) -> dict:
@@ -83,6 +97,8 @@ def _pp_down(row_blocks: int, stages: int = 8, b_slots: int = 0, pingpong: int =
 # Extra tile shapes only the tuner and the tuned table select; what each varies and measured:
 # docs/perf/candidates.md (rows of the tuned table name them by candidate_name, not by position).
 EXTRA_TILES = (
+    dict(tokens_per_tile=64, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
+    dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2),
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=16, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=6, consumer_wgs=1, schedule="serial"),
@@ -95,7 +111,6 @@ EXTRA_TILES = (
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial"),
     dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
-    dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=32, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
@@ -163,8 +178,6 @@ EXTRA_TILES = (
      "mma_kblocks": 4},
     {**_W2_K64(80), "mma_kblocks": 2, "pdl": True},
     {**_W2_K64(80), "mma_kblocks": 4, "pdl": True},
-    {**_W2_K64(80), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
-    {**_W2_K64(48), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
@@ -297,7 +310,20 @@ def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, i
             if row.tokens <= tokens or best is None:
                 best = row
         return best.family, dict(best.tiles), best.splits
-    return "sm90", select_tiles(tokens * top_k, num_experts), None
+    return rule_choice(tokens * top_k, num_experts)
+
+
+def rule_choice(num_routes: int, num_experts: int) -> tuple:
+    """``(family, tiles, None)`` of the routes-per-expert rule (the module docstring's table): the warp-MMA
+    family's tile in the buckets of :data:`WARP_RULE` when the warp family may be chosen, else :data:`TILES`."""
+    if settings.get().cute_family == "auto":
+        from ..warp import family as warp
+
+        r = tiles_rule.routes_per_expert(num_routes, num_experts)
+        for bound, idx in WARP_RULE:
+            if r <= bound:
+                return "warp", dict(warp.TILES[idx][1]), None
+    return "sm90", select_tiles(num_routes, num_experts), None
 
 
 def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
