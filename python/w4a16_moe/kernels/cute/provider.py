@@ -14,7 +14,9 @@ weights about once; see :mod:`.decode.family`)
 skip all of that on SM90: two route-major decode kernels (:mod:`.decode.gemv`) read each route's expert
 id straight from ``topk_ids``, write ``h`` by route, and the down kernel combines every token's routes in
 fixed order straight into ``out`` (no route preparation, no finalize pass; deterministic, both finalize
-modes). ``W4A16_MOE_CUTE_DECODE=0|1`` turns them off / forces them; batch-invariant mode never uses them.
+modes). Where their grids would leave SMs idle (a token or two, few large experts, short TP shards) each
+kernel splits K over several CTAs per output tile (:func:`.decode.family.num_splits`; partials and arrival
+counters in a per-device scratch allocated once, outside CUDA-graph capture). ``W4A16_MOE_CUTE_DECODE=0|1`` turns them off / forces them; batch-invariant mode never uses them.
 
 Two kernel families share the launch ABI and the routing contract: the Hopper WGMMA family
 (:mod:`.sm90.family`, SM90 only) and the portable warp-MMA family (:mod:`.warp.family`, SM80 to SM120;
@@ -489,7 +491,11 @@ def _decode_scratch(device, wu: int, cu: int, wd: int, cd: int) -> tuple:
     """``(ws_up, counters_up, ws_down, counters_down)`` of a decode call whose kernels need ``wu`` / ``wd``
     FP32 partials and ``cu`` / ``cd`` counters (disjoint regions of the device's scratch; a kernel without a
     split gets the whole buffers, which it never reads). Allocates (counters zeroed) or grows the scratch
-    when it is too small, which CUDA-graph capture refuses (``warmup`` sizes it first)."""
+    when it is too small, which CUDA-graph capture refuses (``warmup`` sizes it first). One scratch per
+    device: decode calls with a split must not run concurrently on two streams of one device."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
     key = (device, wu, cu, wd, cd)
     hit = _DECODE_SCRATCH_VIEWS.get(key)
     if hit is not None:
