@@ -42,9 +42,7 @@ __all__ = [
     # global memory
     "st_global_v4",
     "st_global_b32",
-    "st_global_f32",
     "ld_global_cg_v4",
-    "ld_global_cg_f32",
     "ld_global_nc_v4",
     "ld_stream_pred",
     "ld_act_pred",
@@ -348,25 +346,6 @@ def ld_global_cg_v4(addr, *, loc=None, ip=None):
         has_side_effects=True, loc=loc, ip=ip,
     )
     return _unpack(r, 4, loc, ip)
-
-
-@dsl_user_op
-def st_global_f32(addr, v, *, loc=None, ip=None) -> None:
-    """One FP32 value to global memory (split partials of the decode kernels)."""
-    llvm.inline_asm(
-        None, [_i64(addr, loc, ip), _f32(v, loc, ip)], "st.global.f32 [$0], $1;", "l,f",
-        has_side_effects=True, loc=loc, ip=ip,
-    )
-
-
-@dsl_user_op
-def ld_global_cg_f32(addr, *, loc=None, ip=None) -> Float32:
-    """One FP32 value by an L2-coherent (``.cg``) global load (split partials of other CTAs)."""
-    r = llvm.inline_asm(
-        T.f32(), [_i64(addr, loc, ip)], "ld.global.cg.f32 $0, [$1];", "=f,l", has_side_effects=True,
-        loc=loc, ip=ip,
-    )
-    return Float32(r)
 
 
 @dsl_user_op

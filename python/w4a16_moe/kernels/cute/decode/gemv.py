@@ -172,6 +172,7 @@ class Sm90W4A16DecodeGemv:
             lst: cute.struct.Align[cute.struct.MemRange[Int32, self.threads], 16]
             wtot: cute.struct.Align[cute.struct.MemRange[Int32, 16], 16]
             flag: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+            part: cute.struct.Align[cute.struct.MemRange[Float32, self.X * 16], 16]
 
         self.storage_cls = Storage
         rows = num_routes if const_expr(self.cfg.mode == "gate_up") else num_routes // top_k
@@ -224,7 +225,7 @@ class Sm90W4A16DecodeGemv:
         # (decode.family.num_parts)
         num_parts = cutlass.max(cutlass.min(Int32(self.W) * num_splits, (units + (self.U - 1)) // self.U), 1)
         per = (units + num_parts - 1) // num_parts
-        sp = (ws, counters, num_splits, st.flag.data_ptr().toint())
+        sp = (ws, counters, num_splits, st.flag.data_ptr().toint(), st.part.data_ptr().toint())
         wrow = Int64(n // (64 * X)) * Int64(k // self.BK) * Int64(self.chunk)  # bytes per expert
         up = const_expr(self.cfg.mode == "gate_up")
         if const_expr(up):
@@ -484,7 +485,9 @@ class Sm90W4A16DecodeGemv:
         split (``S > 1``), publish them as split ``z``'s partial of output tile ``tile`` and let the tile's
         last CTA sum the ``S`` partials in split order and store the outputs."""
         X, W = self.X, self.W
-        ws, counters, num_splits, flag = sp
+        ws, counters, num_splits, flag, part = sp
+        va = cute.make_rmem_tensor((4,), Float32)
+        ua = cute.make_rmem_tensor((4,), Float32)
         if lane % 4 == 0:
             for x in cutlass.range_constexpr(X):
                 for rh in cutlass.range_constexpr(2):
@@ -503,8 +506,9 @@ class Sm90W4A16DecodeGemv:
                         u = u + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x + X // 2) * 16 + rr) * 4))
                 self._store(out, v, u, x, rr, s, nb, n, orow)
         else:
-            # split-K across CTAs (the grouped GEMMs' protocol, common.epilogue.publish_split): partial ->
-            # ws, fence, per-tile arrival counter; the last arrival re-arms it and sums the partials in order
+            # split-K across CTAs (the grouped GEMMs' protocol, common.epilogue.publish_split): partial
+            # (staged in `part`) -> ws, fence, per-tile arrival counter; the last arrival re-arms it and sums
+            # the partials in split order
             nv = X * 16
             base = ws.toint() + Int64(tile) * Int64(num_splits) * Int64(nv * 4)
             if tidx < nv:
@@ -513,7 +517,11 @@ class Sm90W4A16DecodeGemv:
                 v = Float32(0.0)
                 for kk in cutlass.range_constexpr(W):
                     v = v + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x) * 16 + rr) * 4))
-                ptx.st_global_f32(base + Int64((z * nv + tidx) * 4), v)
+                ptx.st_shared_f32(part + tidx * 4, v)
+            cute.arch.sync_threads()
+            if tidx < nv // 4:
+                d = ptx.ld_shared_v4(part + tidx * 16)
+                ptx.st_global_v4(base + Int64((z * nv + tidx * 4) * 4), d[0], d[1], d[2], d[3])
             ptx.fence_acq_rel_gpu()
             cute.arch.sync_threads()
             if tidx == 0:
@@ -529,17 +537,23 @@ class Sm90W4A16DecodeGemv:
             is_last = ptx.ld_shared_b32(flag)
             ptx.fence_acq_rel_gpu()
             if is_last != 0:
-                if tidx < self.outs:
-                    x = tidx // 16
-                    rr = tidx % 16
-                    v = Float32(0.0)
-                    u = Float32(0.0)
+                # 4 outputs per thread: rows r0 .. r0 + 3 of m64 block x (16-byte loads of each partial)
+                if tidx < self.outs // 4:
+                    x = tidx // 4
+                    r0 = (tidx % 4) * 4
+                    va.fill(0.0)
+                    ua.fill(0.0)
                     for zz in cutlass.range(num_splits, unroll=1):
-                        pz = base + Int64((zz * nv + x * 16 + rr) * 4)
-                        v = v + ptx.ld_global_cg_f32(pz)
+                        pz = base + Int64((zz * nv + x * 16 + r0) * 4)
+                        a = ptx.ld_global_cg_v4(pz)
+                        for q in cutlass.range_constexpr(4):
+                            va[q] = va[q] + ptx.i32_as_f32(a[q])
                         if const_expr(self.cfg.gated):
-                            u = u + ptx.ld_global_cg_f32(pz + (X // 2) * 16 * 4)
-                    self._store(out, v, u, x, rr, s, nb, n, orow)
+                            b = ptx.ld_global_cg_v4(pz + (X // 2) * 16 * 4)
+                            for q in cutlass.range_constexpr(4):
+                                ua[q] = ua[q] + ptx.i32_as_f32(b[q])
+                    for q in cutlass.range_constexpr(4):
+                        self._store(out, va[q], ua[q], x, r0 + q, s, nb, n, orow)
 
     @cute.jit
     def _store(self, out, v, u, x, rr, s, nb, n, orow):
