@@ -81,6 +81,10 @@ def test_parse_knobs_split_suffix():
     plain = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu", dec.knob_items("w8u8/w8u4"))
     split = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu", dec.knob_items("w8u8s2/w8u4s4"))
     assert plain == split and [dec.spec_for(c) for c in plain] == [dec.spec_for(c) for c in split]
+    assert all(dec.config_from_spec(dec.spec_for(c)) == c for c in split)
+    persistent = dec.configs(get_scheme("nvfp4"), "fp16", "relu2", dec.knob_items("w4u8c5s3/w4u4c3s2p0"))
+    assert persistent == dec.configs(get_scheme("nvfp4"), "fp16", "relu2", dec.knob_items("w4u8c5/w4u4c3p0"))
+    assert all(dec.config_from_spec(dec.spec_for(c)) == c for c in persistent)
     assert dec.forced_splits(dec.knob_items("w8u8s2/w8u4s4")) == (2, 4)
     assert dec.forced_splits(dec.knob_items("w8u8/w8u4s4")) == (None, 4)
     assert dec.forced_splits(()) == (None, None)
