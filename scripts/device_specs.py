@@ -6,7 +6,8 @@
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
 the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
-(``--decode-knobs``, the tuner's), and the persistent decode grids the decode GPU tests force. With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+(``--decode-knobs``, the tuner's), and the persistent decode grids the decode GPU tests force (their K splits
+need no specs of their own). With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
@@ -25,8 +26,11 @@ from w4a16_moe.kernels.cute.decode import family as dec  # noqa: E402
 from w4a16_moe.kernels.cute.sm90 import family as fam  # noqa: E402
 
 
-#: knob sets the decode GPU tests force (``PERSISTENT`` and the bit-identity test of tests/test_cute_decode.py)
-TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528")
+#: knob sets the decode GPU tests force (``PERSISTENT``, the bit-identity tests and the K-split tests of
+#: tests/test_cute_decode.py; the K-split tests force ``s<N>`` on these same sets, and a split is a launch
+#: parameter that adds no spec: ``s3`` below stands for every split)
+TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528", "w4u8s3/w4u4s3", "w4u8c5s3/w4u4c3s3",
+                     "w4u8c396s3/w4u4c528s3")
 
 
 def device_specs(decode_knobs=()) -> list:

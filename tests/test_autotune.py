@@ -300,6 +300,23 @@ def test_candidates_only_what_the_loader_has():
     assert not any(c.decode for c in autotune.candidates(_call(512), H200, status=lambda s, a: ("prebuilt", "")))
 
 
+def test_decode_candidates_include_the_k_splits():
+    call = _call(1)
+    every = autotune.candidates(call, H200, status=lambda spec, arch: ("prebuilt", ""))
+    dec = [c for c in every if c.decode]
+    # the rule's split (2/2 here) and the forced ones 1, 4, 8 (2 is the rule's plan: timed once)
+    splits = {choice_plan.plan_of_choice(call, H200, c).splits for c in dec}
+    assert {(1, 1), (2, 2), (4, 4), (8, 8)} <= splits
+    assert Choice("decode", "w8u8s4/w8u4s4") in every and Choice("decode", "w8u8s2/w8u4s2") not in every
+    assert autotune.with_decode_split("w8u4/w8u2p0", 4) == "w8u4s4/w8u2s4p0"
+    assert autotune.with_decode_split("w16u2", None) == "w16u2"
+    assert autotune.with_decode_split("", 2) == "w8u8s2/w8u4s2"
+    # a stored decode choice with a split round-trips through the knob text
+    from w4a16_moe.kernels.cute.decode import family as dec_family
+
+    assert autotune._knob_text(dec_family.knob_items("w4u8c5s2/w4u4c3s3p0")) == "w4u8c5s2/w4u4c3s3p0"
+
+
 @pytest.mark.parametrize("tokens", [1, 4, 64, 2048])
 def test_default_choice_reproduces_the_plan(tokens):
     for layer in (W1, dict(experts=8, hidden=2048, intermediate=1024, scheme="int4_g128", top_k=2)):

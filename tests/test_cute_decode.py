@@ -191,3 +191,134 @@ def test_auto_rule(monkeypatch):
     assert not _decodes(x, w, 1, 8)
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
     _run(w, small, 8, seed=11)
+
+
+# ------------------------------------------------------------------------------------------------------
+# K split across CTAs (decode.gemv: partials in the provider's scratch, the tile's last CTA sums them)
+# ------------------------------------------------------------------------------------------------------
+#: forced K splits on the 4-warp kernels of ``scripts/device_specs.TEST_DECODE_KNOBS`` (a split is a launch
+#: parameter: the same kernel specs). On the split layer (:func:`_split_weights`) gate_up has 32 k64 units
+#: in 4 parts and down 8 units in 2 parts per route, so every split CTA gets a share of the work at S <= 4.
+SPLIT_KNOBS = {s: f"w4u8s{s}/w4u4s{s}" for s in (1, 2, 3, 4)}
+SPLIT_SCHEMES = ["int4_g32", "int4_g128", "int4_g128_zp", "int4_channel", "mxfp4", "nvfp4"]
+
+
+def _split_weights(scheme="int4_g32", seed=20, dtype=torch.bfloat16):
+    return _weights(scheme, e=8, h=2048, i=512, dtype=dtype, seed=seed)
+
+
+def _plan(x, w, tokens, top_k, finalize="deterministic"):
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import probe
+    from w4a16_moe.validate import MoECall
+
+    call = MoECall(tokens, top_k, w.hidden_size, w.intermediate_size, w.num_experts, x.dtype, x.device,
+                   get_activation("swiglu"), finalize, 0, w.scheme.name)
+    return prov.plan(call, probe(x.device))
+
+
+def _counters_rearmed():
+    """Every arrival counter of the decode scratch is back at 0 (the last CTA of each tile re-arms it)."""
+    torch.cuda.synchronize()
+    for _, cnt in prov._DECODE_SCRATCH.values():
+        assert int(cnt.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("scheme", SPLIT_SCHEMES)
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_split_schemes(scheme, finalize, split):
+    """A forced K split against the FP32 reference (NaN-poisoned output), EP offset with invalid routes."""
+    w = _split_weights(scheme)
+    with overrides.forced_decode(dec.parse_knobs(SPLIT_KNOBS[split])):
+        x = torch.zeros(5, w.hidden_size, device="cuda", dtype=torch.bfloat16)
+        assert _plan(x, w, 5, 4, finalize).splits == (split, split)
+        _run(w, 5, 4, finalize=finalize, offset=8, num_global=24, seed=split)  # 8 local of 24 experts
+    _counters_rearmed()
+
+
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_split_rule_choice(finalize):
+    """The rule's split (one token: both kernels split on a 132-SM GPU) against the reference, fp16 too."""
+    for dtype in DTYPES:
+        w = _split_weights("int4_g128", seed=21, dtype=dtype)
+        x = torch.zeros(1, w.hidden_size, device="cuda", dtype=dtype)
+        p = _plan(x, w, 1, 4, finalize)
+        assert max(p.splits) > 1, p.describe()
+        _run(w, 1, 4, dtype=dtype, finalize=finalize, seed=22)
+        _run(w, 1, 4, dtype=dtype, finalize=finalize, offset=8, num_global=24, seed=23)
+    _counters_rearmed()
+
+
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_split_is_bit_identical(split):
+    """Two runs of one split give the same bits; so do the persistent grids with that split (the same
+    work units and partial order); tokens without a valid route get zeros."""
+    w = _split_weights("int4_g128", seed=24)
+    t, k = 9, 4
+    x = torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16)
+    tw, ids = random_routing(t, k, 24, seed=24, device="cuda")  # 8 local experts at offset 8 of 24
+    ids[3] = 2  # token 3: no local route
+    outs = []
+    for knobs in (SPLIT_KNOBS[split], SPLIT_KNOBS[split], f"w4u8c5s{split}/w4u4c3s{split}",
+                  f"w4u8c396s{split}/w4u4c528s{split}"):
+        with overrides.forced_decode(dec.parse_knobs(knobs)):
+            for fin in ("deterministic", "fused"):
+                out = torch.full_like(x, float("nan"))
+                wm.fused_moe(x, w, tw, ids, backend="cute", expert_offset=8, finalize=fin, out=out)
+                outs.append(out)
+    assert torch.equal(outs[0][3], torch.zeros_like(outs[0][3]))
+    assert nrmse(outs[0], wm.reference_moe(x, w, tw, ids, expert_offset=8)) < TOL
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+    _counters_rearmed()
+
+
+def test_split_all_routes_invalid():
+    w = _split_weights(seed=25)
+    x = torch.randn(2, w.hidden_size, device="cuda").to(torch.bfloat16)
+    ids = torch.randint(8, 100, (2, 4), dtype=torch.int32, device="cuda")
+    for split in (2, 4):
+        with overrides.forced_decode(dec.parse_knobs(SPLIT_KNOBS[split])):
+            out = torch.full_like(x, float("nan"))
+            wm.fused_moe(x, w, torch.rand(2, 4, device="cuda"), ids, backend="cute", out=out)
+            assert torch.equal(out, torch.zeros_like(out))
+    _counters_rearmed()
+
+
+def test_split_cuda_graph_capture_and_replay():
+    """The split's scratch is allocated by warmup, so capture allocates nothing; replays reproduce eager."""
+    w = _split_weights(seed=26)
+    t, k = 2, 4
+    with overrides.forced_decode(dec.parse_knobs(SPLIT_KNOBS[3])):
+        wm.warmup(w, top_k=k, max_tokens=t, backend="cute")
+        x = torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16)
+        tw, ids = random_routing(t, k, w.num_experts, seed=26, device="cuda")
+        out = torch.full_like(x, float("nan"))
+        eager = wm.fused_moe(x, w, tw, ids, backend="cute")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            wm.fused_moe(x, w, tw, ids, backend="cute", out=out)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
+    _counters_rearmed()
+
+
+def test_rule_splits_the_small_grid_layers():
+    """On this GPU the rule splits one-token calls of the layers whose decode grids are too small: few large
+    experts (E=8, H=4096, I=14336, top-2: 64 down CTAs) and Kimi-K2 TP8 (E=384, H=7168, I=256, top-8)."""
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import probe
+    from w4a16_moe.validate import MoECall
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    for e, h, i, k, both in ((8, 4096, 14336, 2, False), (384, 7168, 256, 8, True)):
+        call = MoECall(1, k, h, i, e, torch.bfloat16, dev, get_activation("swiglu"), "deterministic", 0,
+                       "int4_g128")
+        p = prov.plan(call, probe(dev))
+        assert p.decode and max(p.splits) > 1, p.describe()
+        assert not both or min(p.splits) > 1, p.describe()

@@ -61,6 +61,101 @@ def test_num_parts():
     assert dec.num_parts(down, 64) == 1
     assert dec.num_parts(down, 256) == -(-4 // down.unroll)  # about one load batch per part
     assert dec.num_parts(down, 2048) == min(down.warps, -(-32 // down.unroll))
+    # a K split sizes the parts for every warp of the split CTAs (still about one load batch each)
+    assert dec.num_parts(up, 7168, 2) == 14 and dec.num_parts(up, 7168, 1) == up.warps
+    assert dec.num_parts(down, 14336, 4) == 32 and dec.num_parts(down, 256, 2) == 1
+
+
+def test_parse_knobs_split_suffix():
+    assert dec.parse_knobs("w8u8s2/w8u4s4p0") == {"gate_up": {"warps": 8, "unroll": 8, "splits": 2},
+                                                   "down": {"warps": 8, "unroll": 4, "splits": 4, "pdl": False}}
+    assert dec.parse_knobs("w4u8c5s3/w4u4c3") == {"gate_up": {"warps": 4, "unroll": 8, "ctas": 5, "splits": 3},
+                                                   "down": {"warps": 4, "unroll": 4, "ctas": 3}}
+    for bad in ("w8u8s2c5", "w8u8p0s2/w8u4", "w8u8/w8u4p0s2"):
+        with pytest.raises(ValueError, match="wNuM"):
+            dec.parse_knobs(bad)
+    for bad in ("w8u8s0", "w8u8/w8u4s70000"):
+        with pytest.raises(ValueError, match="split"):
+            dec.parse_knobs(bad)
+    # the split is a launch parameter: the same configs and specs as without it
+    plain = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu", dec.knob_items("w8u8/w8u4"))
+    split = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu", dec.knob_items("w8u8s2/w8u4s4"))
+    assert plain == split and [dec.spec_for(c) for c in plain] == [dec.spec_for(c) for c in split]
+    assert all(dec.config_from_spec(dec.spec_for(c)) == c for c in split)
+    persistent = dec.configs(get_scheme("nvfp4"), "fp16", "relu2", dec.knob_items("w4u8c5s3/w4u4c3s2p0"))
+    assert persistent == dec.configs(get_scheme("nvfp4"), "fp16", "relu2", dec.knob_items("w4u8c5/w4u4c3p0"))
+    assert all(dec.config_from_spec(dec.spec_for(c)) == c for c in persistent)
+    assert dec.forced_splits(dec.knob_items("w8u8s2/w8u4s4")) == (2, 4)
+    assert dec.forced_splits(dec.knob_items("w8u8/w8u4s4")) == (None, 4)
+    assert dec.forced_splits(()) == (None, None)
+    assert dec.variants(knobs=[dec.knob_items("w4u8s2/w4u4s3")]) == dec.variants(knobs=[dec.knob_items("w4u8/w4u4")])
+
+
+#: (E, H, I, top-k) -> {tokens: (gate_up split, down split)} the rule picks on 132 SMs with the default knobs
+SPLIT_EXAMPLES = {
+    (8, 4096, 14336, 2): {1: (1, 4), 2: (1, 2), 4: (1, 1)},  # down: 64 / 128 / 256 tiles
+    (384, 7168, 256, 8): {1: (2, 2), 2: (1, 1), 4: (1, 1)},  # Kimi-K2 TP8: 128 / 112 tiles at one token
+    (128, 2048, 768, 8): {1: (1, 4), 2: (1, 4), 4: (1, 2)},  # Qwen3-30B-A3B: gate_up 384 tiles, down 32 at T=1
+    (256, 7168, 2048, 8): {1: (1, 2)},  # DeepSeek-V3: down 112 tiles
+}
+
+
+@pytest.mark.parametrize("layer", list(SPLIT_EXAMPLES))
+def test_split_rule_examples(layer):
+    e, h, i, k = layer
+    up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu")
+    for t, want in SPLIT_EXAMPLES[layer].items():
+        got = (dec.num_splits(up, 2 * i, h, t, k, 132), dec.num_splits(down, h, i, t, k, 132))
+        assert got == want, (layer, t, got)
+        for cfg, n, s in ((up, 2 * i, got[0]), (down, h, got[1])):
+            rows = t * k if cfg.mode == "gate_up" else t
+            assert s == 1 or dec.tile_ctas(cfg, n, rows) * s <= dec.SPLIT_WAVES * 132
+
+
+def test_split_rule_bounds():
+    up, down = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
+    # never below MIN_UNITS_PER_WARP k64 units per warp: one route of K = 256 (4 units) is not split
+    assert dec.num_splits(down, 7168, 256, 1, 1, 132) == 1
+    # a small GPU gets smaller splits; a GPU with many SMs at most MAX_SPLITS
+    assert dec.num_splits(down, 4096, 14336, 1, 2, 16) == 1
+    assert dec.num_splits(down, 4096, 14336, 1, 2, 10**6) == dec.MAX_SPLITS
+    assert dec.num_splits(up, 28672, 4096, 1, 2, 132) == 1
+    assert dec.scratch_sizes(down, 4096, 1, 2, 1) == (0, 0)
+    assert dec.scratch_sizes(down, 4096, 1, 2, 4) == (64 * 4 * 64, 64)  # 64 tiles, 4 splits, 16 X partials
+    assert dec.scratch_sizes(up, 512, 1, 8, 2) == (128 * 2 * 32, 128)
+
+
+def test_decode_plans_carry_the_split(monkeypatch):
+    import torch
+
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import overrides, provider
+    from w4a16_moe.validate import MoECall
+
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1")
+    monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
+    provider.clear_plans()
+    h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+    for (e, h, i, k), rows in SPLIT_EXAMPLES.items():
+        for t, want in rows.items():
+            call = MoECall(t, k, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                           "deterministic", 0, "int4_g128")
+            p = provider.plan(call, h200)
+            assert p.decode and p.splits == want, ((e, h, i, k), t, p.describe())
+            up, down = p.configs
+            assert p.counters == (dec.scratch_sizes(up, 2 * i, t, k, want[0])[1]
+                                  + dec.scratch_sizes(down, h, t, k, want[1])[1])
+            assert f"K split {want[0]}/{want[1]}" in p.describe()
+    call = MoECall(1, 8, 7168, 256, 384, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                   "fused", 0, "int4_g32")
+    with overrides.forced_decode(dec.parse_knobs("w8u8s1/w8u4s8")):
+        p = provider.plan(call, h200)
+        assert p.splits == (1, 8) and p.counters == 112
+    with overrides.forced_decode(dec.parse_knobs("w8u8/w8u4")):
+        assert provider.plan(call, h200).splits == (2, 2)
+    provider.clear_plans()
 
 
 def test_use_decode_rule(monkeypatch):
@@ -116,6 +211,19 @@ def test_compiles_for_sm90a(scheme):
         assert Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
     for cfg in dec.configs(get_scheme(scheme), "fp16", "swiglu", dec.knob_items("w4u8c396/w8u4c264")):
         assert cfg.ctas > 0 and Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
+
+
+@pytest.mark.skipif(not HAS_DSL, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_split_kernels_compile_for_sm90a():
+    """The K split is a runtime branch of every decode kernel: the default gate_up kernel and a persistent
+    down kernel with programmatic dependent launch (the split's unit dealing and prefetch) compile."""
+    from w4a16_moe.kernels.cute.decode.gemv import Sm90W4A16DecodeGemv
+
+    up, _ = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
+    _, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items("w8u8/w8u4c264s2"))
+    assert down.ctas == 264 and down.pdl
+    for cfg in (up, down):
+        assert Sm90W4A16DecodeGemv(cfg).compile("sm_90a") is not None
 
 
 def test_bad_configs_are_refused():

@@ -25,11 +25,13 @@ class Plan:
         arch: the arch its kernels are built for.
         decode: the route-major decode kernels run the call (no route preparation, no finalize pass).
         tiles: the tile parameters (sorted items of the family's tile dict; the decode knobs for ``decode``).
-        splits: split-K parts of the (gate_up, down) GEMMs.
+        splits: split-K parts of the (gate_up, down) GEMMs; decode: the K split of each decode kernel over
+            CTAs (1: none).
         configs: the (gate_up, down) kernel configs.
         specs: their kernel spec names.
         max_tiles: grid y of the grouped GEMMs (an upper bound on the token tiles of any routing).
-        counters: split-K tile counters the route preparation zeroes.
+        counters: split-K tile counters the route preparation zeroes (decode: the arrival counters its
+            split kernels use, in the provider's per-device scratch).
         note: anything else selection decided (e.g. the tuned row it used).
         pad: ``(Hp, Ip)``, the padded hidden and intermediate sizes the CuTe kernels run when the layer's
             ``(H, I)`` are not multiples of their tiles (:mod:`w4a16_moe.kernels.cute.padding`); ``()``
@@ -56,7 +58,7 @@ class Plan:
         tiles = ", ".join(f"{k}={v}" for k, v in self.tiles)
         names = " + ".join(c.name() for c in self.configs)
         return (f"provider {self.provider}, family {self.family} ({self.arch}){', decode' if self.decode else ''}: "
-                f"{'knobs' if self.decode else 'tiles'} {{{tiles}}}, {'K parts' if self.decode else 'split-K'} "
+                f"{'knobs' if self.decode else 'tiles'} {{{tiles}}}, {'K split' if self.decode else 'split-K'} "
                 f"{self.splits[0]}/{self.splits[1]}, kernels {names}"
                 + (f", padded to H {self.pad[0]}, I {self.pad[1]}" if self.pad else "")
                 + (f" ({self.note})" if self.note else ""))

@@ -142,7 +142,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "--decode-knobs)")
     ap.add_argument("--decode-knobs", default="",
                     help="comma-separated decode-kernel knob sets to time too, e.g. w8u4/w8u2,w16u4/w8u2 "
-                         "(gate_up / down: warps w, unroll u; cN: a persistent grid of at most N CTAs)")
+                         "(gate_up / down: warps w, unroll u; cN: a persistent grid of at most N CTAs; sN: a K split "
+                         "over N CTAs per output tile, default the split rule)")
     ap.add_argument("--routings", type=int, default=1,
                     help="routings per token count: the benchmark's row and N - 1 fresh draws; the mean decides")
     ap.add_argument("--json", required=True)

@@ -3,7 +3,8 @@
 For one layer (weights, dtype, activation, top-k, finalize mode) and each token count of :func:`token_grid`
 up to ``max_tokens``, it times every candidate the loader can provide without compiling (prebuilt or in
 the JIT cache; JIT only when allowed): the decode kernels (default knobs and the tuned table's knob sets
-for the scheme and dtype, up to :data:`DECODE_TUNE_MAX_ROUTES` routes), the SM90 family's rule buckets and
+for the scheme and dtype, each with the K split of the decode rule and 1, 2, 4, 8 (:data:`DECODE_SPLITS`), up
+to :data:`DECODE_TUNE_MAX_ROUTES` routes), the SM90 family's rule buckets and
 tuned candidates (:func:`.sm90.family.selectable_tiles`), the warp family's buckets, each with split-K
 chosen by the rule and 1, 2, 4, 8. Candidates whose plans coincide are timed once.
 
@@ -29,12 +30,14 @@ from . import autotune_store as store
 from .autotune_store import Choice, Row
 
 __all__ = ["GRID", "Budget", "token_grid", "select_rows", "candidates", "autotune_layer", "check_not_capturing",
-           "DECODE_TUNE_MAX_ROUTES", "MAX_NRMSE", "SPLITS"]
+           "DECODE_TUNE_MAX_ROUTES", "MAX_NRMSE", "SPLITS", "DECODE_SPLITS", "with_decode_split"]
 
 #: token counts the autotuner measures (those up to ``max_tokens``)
 GRID = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 #: split-K choices timed for each grouped tile shape (None: the family's rule)
 SPLITS = (None, 1, 2, 4, 8)
+#: K splits timed for each decode knob set (both kernels; None: the decode split rule)
+DECODE_SPLITS = (None, 1, 2, 4, 8)
 #: the decode kernels are timed only up to this many routes (beyond it they re-read every expert many times)
 DECODE_TUNE_MAX_ROUTES = 256
 #: a candidate whose first call is this far from the FP32 reference (or not finite) is skipped
@@ -136,11 +139,25 @@ def _knob_text(knobs: tuple) -> str:
             from .decode.family import KNOBS
 
             d = dict(KNOBS[mode])
-        s = f"w{d['warps']}u{d['unroll']}" + (f"c{d['ctas']}" if "ctas" in d else "")
+        s = (f"w{d['warps']}u{d['unroll']}" + (f"c{d['ctas']}" if "ctas" in d else "")
+             + (f"s{d['splits']}" if "splits" in d else ""))
         if mode == "down" and d.get("pdl") is False:
             s += "p0"
         parts.append(s)
     return "/".join(parts)
+
+
+def with_decode_split(text: str, split: Optional[int]) -> str:
+    """Decode knob text ``text`` (``""``: the defaults) with both kernels' K split forced to ``split``
+    (``s<N>``; None: ``text`` as it is, the split rule's)."""
+    if split is None:
+        return text
+    from .decode.family import KNOBS, knob_items
+
+    items = {m: dict(v) for m, v in dict(knob_items(text or None)).items()}
+    for m in ("gate_up", "down"):
+        items[m] = dict(items.get(m) or KNOBS[m], splits=split)
+    return _knob_text(tuple((m, tuple(sorted(v.items()))) for m, v in sorted(items.items())))
 
 
 def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] = None,
@@ -165,7 +182,8 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     out = []
     if (base.name == "sm90" and not s.batch_invariant and s.cute_decode != "0"
             and call.tokens * call.top_k <= DECODE_TUNE_MAX_ROUTES):
-        out += [Choice("decode", kn) for kn in ["", *sm90.tuned_decode_knob_sets(call.scheme, dt)]]
+        out += [Choice("decode", with_decode_split(kn, sp)) for kn in ["", *sm90.tuned_decode_knob_sets(call.scheme, dt)]
+                for sp in DECODE_SPLITS]
     grouped = []
     if base.name == "sm90":
         rule = sm90.select_tiles(call.tokens * call.top_k, call.experts)

@@ -16,7 +16,7 @@ from ... import settings
 from ...device import DeviceInfo
 from ...plan import Plan
 from . import overrides, registry
-from .provider import (_DTYPES, _arch, _decode_beside, _max_tiles, _module, _pad_field, _padded, _routed_grouped_plan,
+from .provider import (_DTYPES, _decode_beside, _decode_plan_of, _max_tiles, _module, _routed_grouped_plan,
                        family_for)
 from .registry import KernelFamily
 
@@ -59,21 +59,14 @@ def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Opti
             return None
     sch = scheme or get_scheme(call.scheme)
     dt = _DTYPES[call.dtype]
-    act = call.activation
     if choice.decode:
         dec = _decode_beside(base)
         s = settings.get()
         if (dec is None or getattr(call, "routes_only", False) or s.batch_invariant or s.cute_decode == "0"
                 or dec.can_implement(call) is not None):
             return None
-        dmod = _module(dec)
-        knobs = dmod.knob_items(choice.candidate or None)
-        up, down = dec.configs(sch, dt, act.name, act.gated, call.finalize, {"knobs": knobs})
-        hp, ip, _ = _padded(dec, up, down, call, sch)
-        parts = (dmod.num_parts(up, hp), dmod.num_parts(down, ip))
-        return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
-                    (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0,
-                    note or f"knobs {choice.candidate or 'default'}", _pad_field(call, hp, ip))
+        knobs = _module(dec).knob_items(choice.candidate or None)
+        return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note or f"knobs {choice.candidate or 'default'}")
     allowed = {base.name} | ({"warp"} if base.name == "sm90" and settings.get().cute_family == "auto" else set())
     if choice.family not in allowed:
         return None

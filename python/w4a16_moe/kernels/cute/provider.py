@@ -14,7 +14,9 @@ weights about once; see :mod:`.decode.family`)
 skip all of that on SM90: two route-major decode kernels (:mod:`.decode.gemv`) read each route's expert
 id straight from ``topk_ids``, write ``h`` by route, and the down kernel combines every token's routes in
 fixed order straight into ``out`` (no route preparation, no finalize pass; deterministic, both finalize
-modes). ``W4A16_MOE_CUTE_DECODE=0|1`` turns them off / forces them; batch-invariant mode never uses them.
+modes). Where their grids would leave SMs idle (a token or two, few large experts, short TP shards) each
+kernel splits K over several CTAs per output tile (:func:`.decode.family.num_splits`; partials and arrival
+counters in a per-device scratch allocated once, outside CUDA-graph capture). ``W4A16_MOE_CUTE_DECODE=0|1`` turns them off / forces them; batch-invariant mode never uses them.
 
 Two kernel families share the launch ABI and the routing contract: the Hopper WGMMA family
 (:mod:`.sm90.family`, SM90 only) and the portable warp-MMA family (:mod:`.warp.family`, SM80 to SM120;
@@ -307,11 +309,23 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
             note += f", tuned bound {bound} routes"
         else:
             note += f", cost model: re-read {dmod.reread_factor(call.tokens, call.top_k, call.experts):.2f}x"
+    return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note)
+
+
+def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, info: DeviceInfo, knobs: tuple,
+                    note: str) -> Plan:
+    """The decode plan of ``call`` with knob items ``knobs``: its configs, and the K split of each kernel
+    (the knobs' ``s<N>``, else :func:`.decode.family.num_splits` for the device's SM count)."""
+    dmod = _module(dec)
     up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs})
-    hp, ip, _ = _padded(dec, up, down, call, sch)
-    parts = (dmod.num_parts(up, hp), dmod.num_parts(down, ip))
-    return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), parts, (up, down),
-                (dec.spec_for(up).name, dec.spec_for(down).name), 0, 0, note, _pad_field(call, hp, ip))
+    hp, ip, n13 = _padded(dec, up, down, call, sch)
+    fu, fd = dmod.forced_splits(knobs)
+    su = fu if fu is not None else dmod.num_splits(up, n13, hp, call.tokens, call.top_k, info.sms)
+    sd = fd if fd is not None else dmod.num_splits(down, hp, ip, call.tokens, call.top_k, info.sms)
+    counters = (dmod.scratch_sizes(up, n13, call.tokens, call.top_k, su)[1]
+                + dmod.scratch_sizes(down, hp, call.tokens, call.top_k, sd)[1])
+    return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), (su, sd), (up, down),
+                (dec.spec_for(up).name, dec.spec_for(down).name), 0, counters, note, _pad_field(call, hp, ip))
 
 
 def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
@@ -461,10 +475,68 @@ def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     return family, hbuf, routes, p2
 
 
+#: the decode kernels' K-split scratch per device: ``(ws FP32, counters int32)``, counters zeroed once at
+#: allocation (the kernels re-arm every counter they use); grown outside CUDA-graph capture only
+_DECODE_SCRATCH: dict = {}
+#: every scratch pair ever allocated stays alive (captured graphs keep their addresses)
+_DECODE_SCRATCH_KEEP: list = []
+#: per (device, sizes): the four views a decode call passes (gate_up ws, counters, down ws, counters)
+_DECODE_SCRATCH_VIEWS: dict = {}
+#: the smallest scratch allocated (FP32 partials, counters): more than any split the rule picks on a
+#: 132-SM GPU needs (at most 2 * SMs CTAs of 64 partials each), so it is allocated once
+DECODE_SCRATCH_MIN = (1 << 16, 1 << 12)
+
+
+def _decode_scratch(device, wu: int, cu: int, wd: int, cd: int) -> tuple:
+    """``(ws_up, counters_up, ws_down, counters_down)`` of a decode call whose kernels need ``wu`` / ``wd``
+    FP32 partials and ``cu`` / ``cd`` counters (disjoint regions of the device's scratch; a kernel without a
+    split gets the whole buffers, which it never reads). Allocates (counters zeroed) or grows the scratch
+    when it is too small, which CUDA-graph capture refuses (``warmup`` sizes it first). One scratch per
+    device: decode calls with a split must not run concurrently on two streams of one device."""
+    device = torch.device(device)
+    if device.index is None:
+        device = torch.device(device.type, torch.cuda.current_device())
+    key = (device, wu, cu, wd, cd)
+    hit = _DECODE_SCRATCH_VIEWS.get(key)
+    if hit is not None:
+        return hit
+    have = _DECODE_SCRATCH.get(device)
+    if have is None or have[0].numel() < wu + wd or have[1].numel() < cu + cd:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                "fused_moe (provider cute): the decode kernels' K-split scratch must grow inside CUDA-graph "
+                f"capture ({wu + wd} FP32 partials, {cu + cd} counters); call w4a16_moe.warmup(weights, ...) "
+                "for the token counts you will capture before capturing")
+        nws = max(wu + wd, DECODE_SCRATCH_MIN[0], 0 if have is None else have[0].numel())
+        nct = max(cu + cd, DECODE_SCRATCH_MIN[1], 0 if have is None else have[1].numel())
+        have = (torch.empty(nws, dtype=torch.float32, device=device), torch.zeros(nct, dtype=torch.int32, device=device))
+        _DECODE_SCRATCH[device] = have
+        _DECODE_SCRATCH_KEEP.append(have)
+    ws, cnt = have
+    views = (ws[:wu] if wu else ws, cnt[:cu] if cu else cnt, ws[wu:wu + wd] if wd else ws,
+             cnt[cu:cu + cd] if cd else cnt)
+    _DECODE_SCRATCH_VIEWS[key] = views
+    return views
+
+
+def _decode_scratch_of(p: Plan, weights, tokens: int, top_k: int, device) -> Optional[tuple]:
+    """The scratch views of decode plan ``p`` (:func:`_decode_scratch`), or None when neither kernel splits."""
+    su, sd = p.splits
+    if su <= 1 and sd <= 1:
+        return None
+    dmod = _module(registry.get(p.family))
+    hp, _, n13 = _sizes(p, weights)
+    up, down = p.configs
+    wu, cu = dmod.scratch_sizes(up, n13, tokens, top_k, su)
+    wd, cd = dmod.scratch_sizes(down, hp, tokens, top_k, sd)
+    return _decode_scratch(device, wu, cu, wd, cd)
+
+
 def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, out) -> None:
     """Route-major decode path (:mod:`.decode.gemv`): gate/up kernel into ``h [T*k, I]`` (by route),
     then the down kernel combining each token's routes in fixed order straight into ``out`` (padded plans:
-    x in a zero-padded ``[T, Hp]`` copy, ``out`` through a ``[T, Hp]`` buffer)."""
+    x in a zero-padded ``[T, Hp]`` copy, ``out`` through a ``[T, Hp]`` buffer). With a K split
+    (``p.splits``) the kernels publish partials to the device's scratch (:func:`_decode_scratch`)."""
     from .padding import pad_cols, padded_out
 
     family = registry.get(p.family)
@@ -479,13 +551,17 @@ def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, o
     _check_capture(family, p.arch, weights, p.configs, x.dtype, p.pad)
     p13 = _packed(family, weights, "w13", up, x.dtype, p.pad)
     p2 = _packed(family, weights, "w2", down, x.dtype, p.pad)
+    scratch = _decode_scratch_of(p, weights, tokens, top_k, x.device)
+    # (without a split: topk_weights / ids in the scratch slots, never read)
+    ws_up, cnt_up, ws_dn, cnt_dn = scratch or (topk_weights, ids, topk_weights, ids)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     obuf = padded_out(out, h)
-    for cfg, packed, src, dst, n, k, parts in ((up, p13, pad_cols(x, h), hbuf, n13, h, p.splits[0]),
-                                               (down, p2, hbuf, out if obuf is None else obuf, h, i, p.splits[1])):
-        # (decode ABI: ids in the three routing slots, topk_weights / ids as the unused split-K scratch)
-        _run_kernel(family, p.arch, cfg, (packed.data, src, dst, ids, ids, ids, topk_weights, topk_weights, ids),
-                    (e, n, k, r, top_k, expert_offset, parts))
+    for cfg, packed, src, dst, n, k, splits, ws, cnt in (
+            (up, p13, pad_cols(x, h), hbuf, n13, h, p.splits[0], ws_up, cnt_up),
+            (down, p2, hbuf, out if obuf is None else obuf, h, i, p.splits[1], ws_dn, cnt_dn)):
+        # (decode ABI: ids in the sorted-routes slot and the two unused routing slots)
+        _run_kernel(family, p.arch, cfg, (packed.data, src, dst, ids, ids, ids, topk_weights, ws, cnt),
+                    (e, n, k, r, top_k, expert_offset, splits))
     if obuf is not None:
         out.copy_(obuf[:, :out.shape[1]])
 
@@ -618,6 +694,8 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
                 if p is None:
                     raise RuntimeError(f"provider cute: {why}")
                 family = registry.get(p.family)
+                if p.decode:  # the K-split scratch, allocated before any capture
+                    _decode_scratch_of(p, weights, t, top_k, weights.device)
                 for cfg, which in zip(p.configs, ("w13", "w2")):
                     if (p.family, cfg, p.pad) in seen:
                         continue

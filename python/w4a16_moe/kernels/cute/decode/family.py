@@ -15,6 +15,14 @@ tuned table may bound it per layer shape instead (a measured bound on ``T * top_
 by ``python -m w4a16_moe tune --decode-knobs ...`` + ``scripts/merge_tuned.py``).
 ``W4A16_MOE_CUTE_DECODE=1`` forces it for every routed call that fits one launch (tests).
 
+K split (:func:`num_splits`): at decode sizes the kernels' grids (one CTA per output tile: ``4 N / (64 X)``
+per route for gate_up, per token for down) can hold fewer CTAs than the GPU has SMs (one token of H=4096:
+64 down CTAs). The split spreads each tile's K range (and, for down, its routes) over ``S`` CTAs, which
+publish FP32 partials that the tile's last CTA sums in split order (:mod:`.gemv`); the rule picks ``S``
+from the SM count, the tile count and K, and a knob set can force it (``s<N>``, :func:`parse_knobs`). The
+split is a launch parameter: it adds no kernel specs. The provider keeps the partials' workspace and the
+arrival counters per device (``provider._decode_scratch``).
+
 This module imports neither ``cutlass`` nor the kernel module.
 """
 
@@ -30,7 +38,9 @@ from ..sm90 import family as sm90_family
 from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
-           "expected_experts", "reread_factor", "MAX_REREAD", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y"]
+           "expected_experts", "reread_factor", "MAX_REREAD", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
+           "parse_knobs", "knob_items", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
+           "MIN_UNITS_PER_WARP", "MAX_SPLITS"]
 
 FAMILY = "w4a16_decode_gemv"
 ARCHS = SM90_ARCHS
@@ -47,8 +57,20 @@ DECODE_MAX_ROUTES = 64
 #: at a factor of 1.5 it streams 50% more weight bytes than the grouped GEMMs, about what the saved launches
 #: and the grouped GEMMs' partly idle tensor-core tiles are worth at decode sizes; well beyond it the
 #: re-reads dominate (8 experts, top-2, 32 tokens: factor 8, the decode path several times slower than
-#: the grouped GEMMs). A starting point, to be calibrated (the autotuner measures it per layer).
+#: the grouped GEMMs). The K split (:func:`num_splits`) makes the decode path cheaper exactly where its
+#: grids were too small (1-4 tokens of few large experts, TP shards with short K): calls with a re-read
+#: factor near 1, which take the decode path already, so the bound is unchanged. A starting point, to be
+#: calibrated (the autotuner measures it per layer).
 MAX_REREAD = 1.5
+
+#: K split across CTAs (:func:`num_splits`): the split grid aims at this many CTAs per SM (about two waves of
+#: one 8-warp CTA per SM, or one wave of two: every SM gets work, with 8-16 warps' loads in flight each)
+SPLIT_WAVES = 2
+#: ... and keeps at least this many k64 units of work per warp of every CTA (a split CTA with less would
+#: spend more on its launch, partial store and arrival than on its loads)
+MIN_UNITS_PER_WARP = 2
+#: the largest split the rule picks
+MAX_SPLITS = 16
 
 #: the packed layouts the decode kernels read (w13, w2): those of the WGMMA family's decode tile
 #: (``sm90.family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
@@ -78,8 +100,9 @@ spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 @functools.lru_cache(maxsize=4096)
 def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
     """(gate_up, down) :class:`DecodeGemvConfig` of a call; ``knobs``: ``(("gate_up", {...}), ...)``
-    items overriding :data:`KNOBS` (the tuner's variants)."""
-    over = dict(knobs)
+    items overriding :data:`KNOBS` (the tuner's variants; a ``splits`` item is a launch parameter, not a
+    config field: :func:`forced_splits`)."""
+    over = {m: tuple(kv for kv in v if kv[0] != "splits") for m, v in dict(knobs).items()}
     base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
     up = kernel_config(mode="gate_up", activation=activation, **base, **LAYOUT["w13"],
                        **dict(KNOBS["gate_up"], **dict(over.get("gate_up", ()))))
@@ -94,29 +117,78 @@ def _as_items(knobs: dict) -> tuple:
 
 def parse_knobs(text: str) -> dict:
     """``"w8u4/w8u2"`` (gate_up / down: warps ``w``, unroll ``u``; optional suffixes, in this order: ``c<N>``
-    a persistent grid of at most N CTAs, and on the down part ``p0`` to turn its programmatic dependent
-    launch off) -> ``{"gate_up": {...}, "down": {...}}``."""
+    a persistent grid of at most N CTAs, ``s<N>`` a K split over N CTAs per output tile (1..65535; without
+    it the rule :func:`num_splits` picks), and on the down part ``p0`` to turn its programmatic dependent
+    launch off) -> ``{"gate_up": {...}, "down": {...}}`` (the split as ``"splits"``)."""
     import re
 
     out = {}
     for mode_, part in zip(("gate_up", "down"), text.split("/")):
-        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(p0)?", part.strip())
-        if not m or (m.group(4) and mode_ != "down"):
-            raise ValueError(f"decode knobs: expected wNuM[cN][/wNuM[cN][p0]], got {text!r}")
+        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(?:s(\d+))?(p0)?", part.strip())
+        if not m or (m.group(5) and mode_ != "down"):
+            raise ValueError(f"decode knobs: expected wNuM[cN][sN][/wNuM[cN][sN][p0]], got {text!r}")
         out[mode_] = dict(warps=int(m.group(1)), unroll=int(m.group(2)))
         if m.group(3):
             out[mode_]["ctas"] = int(m.group(3))
         if m.group(4):
+            sp = int(m.group(4))
+            if not 1 <= sp <= MAX_GRID_Y:
+                raise ValueError(f"decode knobs: the split s<N> must be in 1..{MAX_GRID_Y}, got {sp} in {text!r}")
+            out[mode_]["splits"] = sp
+        if m.group(5):
             out[mode_]["pdl"] = False
     return out
 
 
-def num_parts(cfg, k: int) -> int:
-    """K parts per route: about ``unroll`` k64 units each (one load batch), at most one per warp. A long K
-    (gate/up: K = H) gets one part per warp; a short one (down in a TP shard: K = I = 256 is 4 units) stays
-    in one part, so the warps take different routes instead of one unit of every route each."""
+def forced_splits(knobs: tuple) -> tuple:
+    """``(gate_up split, down split)`` that knob items (:func:`knob_items`) force, None where the rule picks."""
+    d = {m: dict(v) for m, v in dict(knobs).items()}
+    return tuple(d.get(m, {}).get("splits") for m in ("gate_up", "down"))
+
+
+def num_parts(cfg, k: int, splits: int = 1) -> int:
+    """K parts per route: about ``unroll`` k64 units each (one load batch), at most one per warp of the
+    route's ``splits`` CTAs. A long K (gate/up: K = H) gets one part per warp; a short one (down in a TP
+    shard: K = I = 256 is 4 units) stays in one part, so the warps take different routes instead of one unit
+    of every route each. The kernel derives the same count from ``k`` and its split (:mod:`.gemv`)."""
     units = k // 64
-    return max(1, min(cfg.warps, -(-units // cfg.unroll)))
+    return max(1, min(cfg.warps * splits, -(-units // cfg.unroll)))
+
+
+def tile_ctas(cfg, n: int, rows: int) -> int:
+    """Output tiles of one kernel = its CTAs without a split: ``4 n / (64 X)`` per route (gate_up, ``rows`` =
+    ``T * top_k``) or per token (down, ``rows`` = ``T``)."""
+    return 4 * (n // (64 * cfg.m64_per_block)) * rows
+
+
+def num_splits(cfg, n: int, k: int, tokens: int, top_k: int, sms: int) -> int:
+    """The K split of one decode kernel (gate_up: ``n`` = gate/up rows, ``k`` = H; down: ``n`` = H, ``k`` =
+    I): the largest power of two ``S <= MAX_SPLITS`` with ``tiles * S <= SPLIT_WAVES * sms`` CTAs and at least
+    :data:`MIN_UNITS_PER_WARP` k64 units per warp of each CTA (a tile's work: ``K / 64`` units of its route
+    for gate_up, ``top_k * I / 64`` for down), else 1. ``tiles`` assumes every route is local (the host does
+    not know how many are).
+
+    On an H200 (132 SMs, 264 CTAs), default knobs (8 warps), one token: E=8, H=4096, I=14336, top-2: gate_up
+    1792 tiles -> 1, down 64 tiles (448 units) -> 4 (256 CTAs); Kimi-K2 TP8 (H=7168, I=256, top-8): gate_up
+    128 tiles (112 units) -> 2 (256 CTAs), down 112 tiles (32 units: 2 per warp at S=2) -> 2 (224 CTAs)."""
+    rows = tokens * top_k if cfg.mode == "gate_up" else tokens
+    tiles = tile_ctas(cfg, n, rows)
+    work = k // 64 if cfg.mode == "gate_up" else top_k * (k // 64)
+    s = 1
+    while (2 * s <= MAX_SPLITS and tiles * 2 * s <= SPLIT_WAVES * sms
+           and work >= 2 * s * cfg.warps * MIN_UNITS_PER_WARP):
+        s *= 2
+    return s
+
+
+def scratch_sizes(cfg, n: int, tokens: int, top_k: int, splits: int) -> tuple:
+    """``(ws FP32 elements, counters)`` one decode kernel uses at ``splits`` (``(0, 0)`` without a split):
+    a ``16 X`` partial per split and output tile, one counter per tile."""
+    if splits <= 1:
+        return 0, 0
+    rows = tokens * top_k if cfg.mode == "gate_up" else tokens
+    tiles = tile_ctas(cfg, n, rows)
+    return tiles * splits * 16 * cfg.m64_per_block, tiles
 
 
 def mode() -> str:

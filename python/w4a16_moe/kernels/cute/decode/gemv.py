@@ -9,7 +9,7 @@ reads its expert id straight from ``topk_ids``.
 * ``gate_up``: grid ``(4 * N / (64 X), R)``; CTA ``(4 nb + s, r)`` computes ``h[r, cols]`` of route
   ``r`` for the 16-row slice ``s`` of every m64 block of row block ``nb`` (gated: the gate and up halves
   sit in the same thread, see :mod:`..sm90.pack`), its ``warps`` warps splitting K into ``num_parts``
-  parts (warp ``w`` takes parts ``w, w + warps, ...``). Invalid routes (expert id outside
+  parts (warp ``w`` takes parts ``w, w + warps, ...``; see the K split below). Invalid routes (expert id outside
   ``[expert_offset, expert_offset + E)``) exit at once; their ``h`` rows are never read.
 * ``down``: grid ``(4 * H / (64 X), T)``; CTA ``(4 nb + s, t)`` computes ``out[t, cols]`` =
   ``sum_j topk_weights[t, j] * (W2_{e_j} h[t * top_k + j])`` over the token's valid routes. The work
@@ -37,19 +37,35 @@ ones; down: the tokens with a valid route first, then the others, which get zero
 (route or token, row block, slice) ``blockIdx.x, blockIdx.x + gridDim.x, ...``. The units are the same as
 above, so the results are bit-identical to the one-CTA-per-unit grid.
 
+K split across CTAs (runtime ``S = num_splits``, grid z; persistent grids deal ``S`` adjacent units per
+output tile): the ``S`` CTAs of one output tile (route or token, row block, slice) share its work. The K parts
+are sized for ``warps * S`` warps (``num_parts = max(1, min(warps * S, cdiv(K / 64, unroll)))``, the same as
+above when ``S = 1``), and split ``z``'s warp ``w`` takes the parts (gate_up) or ``(j, part)`` items (down)
+``w * S + z, w * S + z + warps * S, ...``. With ``S > 1`` each CTA adds its warps' sums in warp order,
+stores that FP32 partial (``16 X`` values: the gate and up sums for gate_up, the weighted route sum for
+down) to ``ws``, fences, and bumps the tile's arrival counter (``atom.add``); the last arrival re-arms the
+counter to 0, sums the ``S`` partials in split order ``0..S-1`` and stores the outputs (the activation for
+gate_up, the combined token row for down): bit-identical run to run for a given ``S`` (the protocol of
+:func:`..common.epilogue.publish_split`). ``S = 1`` touches neither ``ws`` nor ``counters``. Output tiles
+are numbered ``row * (4 n / (64 X)) + 4 nb + s`` (``row``: route for gate_up, token for down).
+
 Programmatic dependent launch (``pdl``, down only): every gate/up CTA triggers its dependents at once, the
 down kernel is launched with the PDL attribute, and each down CTA, before ``griddepcontrol.wait``, reads its
 token's expert ids (written before the gate/up kernel started) and prefetches a quarter of every valid
-route's row block into L2 (``cp.async.bulk.prefetch.L2``; the row block of an expert is contiguous), so
-the down kernel's launch and its weight fetch overlap the gate/up kernel.
+route's row block into L2 (``cp.async.bulk.prefetch.L2``; the row block of an expert is contiguous; with a
+K split, split ``z`` takes the routes ``j = z (mod S)``), so the down kernel's launch and its weight fetch
+overlap the gate/up kernel.
 
 Launch ABI: the grouped GEMM's (one op, one loader), with these meanings:
-``(w, act, out, sorted_routes = topk_ids [T*k] int32, route_start, block_start (unused), topk_weights
-[T*k] FP32 (down), ws, counters (unused), num_experts = local E, n, k, num_routes = T*k, top_k,
-max_tiles = expert_offset, num_splits = num_parts, stream)``. ``act`` is ``x [T, H]`` (gate_up) or
+``(w, act, out, sorted_routes = topk_ids [T*k] int32, route_start (unused), block_start (unused),
+topk_weights [T*k] FP32 (down), ws = split partials FP32 [tiles * S * 16 X] (read only when S > 1),
+counters = per-tile arrival counters int32 [tiles] (zeroed once at allocation, re-armed by the kernel;
+read only when S > 1), num_experts = local E, n, k, num_routes = T*k, top_k, max_tiles = expert_offset,
+num_splits = S, stream)``, ``tiles = (4 n / (64 X)) * (R or T)``. ``act`` is ``x [T, H]`` (gate_up) or
 ``h [T*k, I]`` (down, indexed by route); ``out`` is ``h`` or ``out [T, H]``, both in the compute dtype.
-Constraints: ``n % (64 X) == 0``, ``k % BK == 0`` (the packed layout's), ``1 <= num_parts``. The grid comes
-from these sizes (``__call__``): ``(4 n / (64 X), R or T)``, or ``(min(units, ctas),)`` when persistent.
+Constraints: ``n % (64 X) == 0``, ``k % BK == 0`` (the packed layout's), ``1 <= S <= 65535``. The grid comes
+from these sizes (``__call__``): ``(4 n / (64 X), R or T, S)``, or ``(min(units * S, ctas),)`` when
+persistent.
 """
 
 from __future__ import annotations
@@ -76,8 +92,8 @@ PTXAS_OPTIONS = "--ptxas-options='--minnctapersm 1'"
 class Sm90W4A16DecodeGemv:
     """One route-major decode kernel (static config in ``__init__``; see the module docstring).
 
-    ``__call__(w, act, out, topk_ids, _, _, topk_weights, _, _, num_experts, n, k, num_routes, top_k,
-    expert_offset, num_parts, stream)``: raw pointers + ``Int32`` sizes (the grouped GEMM's launch ABI).
+    ``__call__(w, act, out, topk_ids, _, _, topk_weights, ws, counters, num_experts, n, k, num_routes, top_k,
+    expert_offset, num_splits, stream)``: raw pointers + ``Int32`` sizes (the grouped GEMM's launch ABI).
     """
 
     def __init__(self, cfg: DecodeGemvConfig, arch: str = "sm_90a"):
@@ -155,16 +171,18 @@ class Sm90W4A16DecodeGemv:
             red: cute.struct.Align[cute.struct.MemRange[Float32, self.W * self.X * 16], 16]
             lst: cute.struct.Align[cute.struct.MemRange[Int32, self.threads], 16]
             wtot: cute.struct.Align[cute.struct.MemRange[Int32, 16], 16]
+            flag: cute.struct.Align[cute.struct.MemRange[Int32, 4], 16]
+            part: cute.struct.Align[cute.struct.MemRange[Float32, self.X * 16], 16]
 
         self.storage_cls = Storage
         rows = num_routes if const_expr(self.cfg.mode == "gate_up") else num_routes // top_k
         upr = (n // (64 * self.X)) * 4
         if const_expr(self.ctas > 0):
-            grid = [cutlass.max(cutlass.min(upr * rows, Int32(self.ctas)), Int32(1)), 1, 1]
+            grid = [cutlass.max(cutlass.min(upr * rows * num_splits, Int32(self.ctas)), Int32(1)), 1, 1]
         else:
-            grid = [upr, rows, 1]
-        self.kernel(w, act, out, sorted_routes, topk_weights, num_experts, n, k, num_routes, top_k, max_tiles,
-                    num_splits).launch(
+            grid = [upr, rows, num_splits]
+        self.kernel(w, act, out, sorted_routes, topk_weights, ws, counters, num_experts, n, k, num_routes, top_k,
+                    max_tiles, num_splits).launch(
             grid=grid,
             block=[self.threads, 1, 1],
             stream=stream,
@@ -180,17 +198,19 @@ class Sm90W4A16DecodeGemv:
         out: cute.Pointer,
         ids: cute.Pointer,
         topk_weights: cute.Pointer,
+        ws: cute.Pointer,
+        counters: cute.Pointer,
         num_experts: Int32,
         n: Int32,
         k: Int32,
         num_routes: Int32,
         top_k: Int32,
         expert_offset: Int32,
-        num_parts: Int32,
+        num_splits: Int32,
     ):
         X = self.X
         tidx, _, _ = cute.arch.thread_idx()
-        bx, by, _ = cute.arch.block_idx()
+        bx, by, bz = cute.arch.block_idx()
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
         g_ids = cute.make_tensor(ids, cute.make_layout(num_routes))
@@ -201,57 +221,70 @@ class Sm90W4A16DecodeGemv:
         tot = cute.make_rmem_tensor((2 * X,), Float32)
         acc = cute.make_rmem_tensor((4 * X,), Float32)
         units = k // 64
+        # K parts per route: about one load batch each, at most one per warp of the route's S CTAs
+        # (decode.family.num_parts)
+        num_parts = cutlass.max(cutlass.min(Int32(self.W) * num_splits, (units + (self.U - 1)) // self.U), 1)
         per = (units + num_parts - 1) // num_parts
+        sp = (ws, counters, num_splits, st.flag.data_ptr().toint(), st.part.data_ptr().toint())
         wrow = Int64(n // (64 * X)) * Int64(k // self.BK) * Int64(self.chunk)  # bytes per expert
         up = const_expr(self.cfg.mode == "gate_up")
         if const_expr(up):
             # let the down kernel (launched with programmatic dependent launch) start its prologue
             cute.arch.griddepcontrol_launch_dependents()
+        upr = (n // (64 * X)) * 4
         if const_expr(self.ctas == 0):
             s = bx % 4
             nb = bx // 4
+            tile = by * upr + bx
             if const_expr(up):
                 self._up_unit(w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset,
-                              num_parts, units, per, wrow, warp, lane, tidx, by, nb, s)
+                              num_parts, units, per, wrow, warp, lane, tidx, by, nb, s, bz, tile, sp)
             else:
                 if const_expr(self.pdl):
-                    self._prefetch(w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, by, nb, s)
+                    self._prefetch(w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, by, nb, s, bz,
+                                   num_splits)
                     cute.arch.griddepcontrol_wait()
                 self._down_unit(w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k, expert_offset,
-                                num_parts, units, per, wrow, warp, lane, tidx, by, nb, s)
+                                num_parts, units, per, wrow, warp, lane, tidx, by, nb, s, bz, tile, sp)
         else:
             # persistent: the work of the valid routes (gate_up) / of the tokens with a valid route first
             # (down), compacted per window of `threads` routes / tokens, dealt to the CTAs round-robin
             lst = st.lst.data_ptr().toint()
             wtot = st.wtot.data_ptr().toint()
+            # (with a K split the S units of one output tile are adjacent: unit u = tile unit u // S, split u % S)
             rows = num_routes if const_expr(up) else num_routes // top_k
-            upr = (n // (64 * X)) * 4
             nctas = cute.arch.grid_dim()[0]
             for w0 in cutlass.range(0, rows, self.threads, unroll=1):
                 nvalid, nwin = self._compact(g_ids, rows, w0, num_experts, top_k, expert_offset, lst, wtot,
                                              warp, lane, tidx)
-                cnt = (nvalid if const_expr(up) else nwin) * upr
+                cnt = (nvalid if const_expr(up) else nwin) * upr * num_splits
                 if const_expr(not up and self.pdl):
                     for u in cutlass.range(bx, cnt, nctas, unroll=1):
-                        v = u // upr
-                        rem = u - v * upr
+                        q = u // num_splits
+                        z = u - q * num_splits
+                        v = q // upr
+                        rem = q - v * upr
                         nb = rem // 4
                         t = ptx.ld_shared_b32(lst + v * 4)
                         self._prefetch(w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb,
-                                       rem - nb * 4)
+                                       rem - nb * 4, z, num_splits)
                     cute.arch.griddepcontrol_wait()
                 for u in cutlass.range(bx, cnt, nctas, unroll=1):
-                    v = u // upr
-                    rem = u - v * upr
+                    q = u // num_splits
+                    z = u - q * num_splits
+                    v = q // upr
+                    rem = q - v * upr
                     nb = rem // 4
                     s = rem - nb * 4
                     rr = ptx.ld_shared_b32(lst + v * 4)
+                    tile = rr * upr + rem
                     if const_expr(up):
                         self._up_unit(w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset,
-                                      num_parts, units, per, wrow, warp, lane, tidx, rr, nb, s)
+                                      num_parts, units, per, wrow, warp, lane, tidx, rr, nb, s, z, tile, sp)
                     else:
                         self._down_unit(w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k,
-                                        expert_offset, num_parts, units, per, wrow, warp, lane, tidx, rr, nb, s)
+                                        expert_offset, num_parts, units, per, wrow, warp, lane, tidx, rr, nb, s, z,
+                                        tile, sp)
                     cute.arch.sync_threads()  # `red` is rewritten by the next unit
                 cute.arch.sync_threads()  # `lst` is rewritten by the next window
 
@@ -297,8 +330,9 @@ class Sm90W4A16DecodeGemv:
 
     @cute.jit
     def _up_unit(self, w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset, num_parts,
-                 units, per, wrow, warp, lane, tidx, r, nb, s):
-        """gate_up: ``h[r, cols]`` of route ``r``'s 16-row slice ``s`` of row block ``nb`` (CTA-wide)."""
+                 units, per, wrow, warp, lane, tidx, r, nb, s, z, tile, sp):
+        """gate_up: ``h[r, cols]`` of route ``r``'s 16-row slice ``s`` of row block ``nb`` (CTA-wide), K split
+        ``z`` of ``S``: this CTA's warps take parts ``warp * S + z``, stepping ``warps * S``."""
         X = self.X
         w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
         e = g_ids[r] - expert_offset
@@ -306,23 +340,25 @@ class Sm90W4A16DecodeGemv:
             if e < num_experts:
                 tot.fill(0.0)
                 row = act.toint() + Int64(r // top_k) * Int64(k) * 2
-                for p in cutlass.range(warp, num_parts, self.W, unroll=1):
+                nsp = sp[2]
+                for p in cutlass.range(warp * nsp + z, num_parts, self.W * nsp, unroll=1):
                     self._item(acc, w_nb + Int64(e) * wrow, row, p, per, units, s, lane)
                     for x in cutlass.range_constexpr(X):
                         tot[2 * x] = tot[2 * x] + acc[4 * x]
                         tot[2 * x + 1] = tot[2 * x + 1] + acc[4 * x + 2]
-                self._finish(tot, red, out, warp, lane, tidx, s, nb, n, r)
+                self._finish(tot, red, out, warp, lane, tidx, s, nb, n, r, z, tile, sp)
 
     @cute.jit
-    def _prefetch(self, w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb, s):
+    def _prefetch(self, w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb, s, z, num_splits):
         """down, before ``griddepcontrol.wait``: bring quarter ``s`` of every valid route's row block ``nb``
-        of token ``t`` into L2 (the row block of an expert is contiguous in the packed layout)."""
+        of token ``t`` into L2 (the row block of an expert is contiguous in the packed layout); with a K split,
+        the split ``z`` CTA takes routes ``z, z + S, ...`` (the S CTAs of a tile together fetch it once)."""
         w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
         span = Int32(k // self.BK) * Int32(self.chunk)
         quarter = ((span // 4 + 15) // 16) * 16
         lo = s * quarter
         size = cutlass.min(quarter, span - lo)
-        for j in cutlass.range(tidx, top_k, self.threads, unroll=1):
+        for j in cutlass.range(tidx * num_splits + z, top_k, self.threads * num_splits, unroll=1):
             ej = g_ids[t * top_k + j] - expert_offset
             if ej >= 0:
                 if ej < num_experts:
@@ -331,12 +367,14 @@ class Sm90W4A16DecodeGemv:
 
     @cute.jit
     def _down_unit(self, w, act, out, g_ids, g_tw, tot, acc, red, num_experts, n, k, top_k, expert_offset,
-                   num_parts, units, per, wrow, warp, lane, tidx, t, nb, s):
-        """down: ``out[t, cols]`` of token ``t``'s 16-row slice ``s`` of row block ``nb`` (CTA-wide)."""
+                   num_parts, units, per, wrow, warp, lane, tidx, t, nb, s, z, tile, sp):
+        """down: ``out[t, cols]`` of token ``t``'s 16-row slice ``s`` of row block ``nb`` (CTA-wide), K split
+        ``z`` of ``S``: this CTA's warps take the items ``(j, part)`` ``warp * S + z``, stepping ``warps * S``."""
         X = self.X
         w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk)
         tot.fill(0.0)
-        for it in cutlass.range(warp, top_k * num_parts, self.W, unroll=1):
+        nsp = sp[2]
+        for it in cutlass.range(warp * nsp + z, top_k * num_parts, self.W * nsp, unroll=1):
             j = it // num_parts
             p = it - j * num_parts
             r = t * top_k + j
@@ -349,7 +387,7 @@ class Sm90W4A16DecodeGemv:
                     for x in cutlass.range_constexpr(X):
                         tot[2 * x] = tot[2 * x] + wt * acc[4 * x]
                         tot[2 * x + 1] = tot[2 * x + 1] + wt * acc[4 * x + 2]
-        self._finish(tot, red, out, warp, lane, tidx, s, nb, n, t)
+        self._finish(tot, red, out, warp, lane, tidx, s, nb, n, t, z, tile, sp)
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
@@ -442,31 +480,94 @@ class Sm90W4A16DecodeGemv:
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
-    def _finish(self, tot, red, out, warp, lane, tidx, s, nb, n, orow):
-        """Add the warps' sums in warp order and store this CTA's outputs of output row ``orow``."""
+    def _finish(self, tot, red, out, warp, lane, tidx, s, nb, n, orow, z, tile, sp):
+        """Add the warps' sums in warp order and store this CTA's outputs of output row ``orow``; with a K
+        split (``S > 1``), publish them as split ``z``'s partial of output tile ``tile`` and let the tile's
+        last CTA sum the ``S`` partials in split order and store the outputs."""
         X, W = self.X, self.W
-        cfg = self.cfg
+        ws, counters, num_splits, flag, part = sp
+        va = cute.make_rmem_tensor((4,), Float32)
+        ua = cute.make_rmem_tensor((4,), Float32)
         if lane % 4 == 0:
             for x in cutlass.range_constexpr(X):
                 for rh in cutlass.range_constexpr(2):
                     ptx.st_shared_f32(red + ((warp * X + x) * 16 + lane // 4 + 8 * rh) * 4, tot[2 * x + rh])
         cute.arch.sync_threads()
-        if tidx < self.outs:
-            x = tidx // 16
-            rr = tidx % 16
-            v = Float32(0.0)
-            for kk in cutlass.range_constexpr(W):
-                v = v + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x) * 16 + rr) * 4))
-            if const_expr(cfg.gated):
-                u = Float32(0.0)
+        if num_splits == 1:
+            if tidx < self.outs:
+                x = tidx // 16
+                rr = tidx % 16
+                v = Float32(0.0)
                 for kk in cutlass.range_constexpr(W):
-                    u = u + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x + X // 2) * 16 + rr) * 4))
-                val = act(cfg.activation, v, u)
-                ldo = n // 2
-                col = nb * (32 * X) + 64 * x + 16 * s + rr
-            else:
-                val = act(cfg.activation, v, v) if const_expr(cfg.mode == "gate_up") else v
-                ldo = n
-                col = nb * (64 * X) + 64 * x + 16 * s + rr
-            g_out = cute.make_tensor(out, cute.make_layout((orow + 1) * ldo))
-            g_out[orow * ldo + col] = val.to(g_out.element_type)
+                    v = v + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x) * 16 + rr) * 4))
+                u = Float32(0.0)
+                if const_expr(self.cfg.gated):
+                    for kk in cutlass.range_constexpr(W):
+                        u = u + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x + X // 2) * 16 + rr) * 4))
+                self._store(out, v, u, x, rr, s, nb, n, orow)
+        else:
+            # split-K across CTAs (the grouped GEMMs' protocol, common.epilogue.publish_split): partial
+            # (staged in `part`) -> ws, fence, per-tile arrival counter; the last arrival re-arms it and sums
+            # the partials in split order
+            nv = X * 16
+            base = ws.toint() + Int64(tile) * Int64(num_splits) * Int64(nv * 4)
+            if tidx < nv:
+                x = tidx // 16
+                rr = tidx % 16
+                v = Float32(0.0)
+                for kk in cutlass.range_constexpr(W):
+                    v = v + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x) * 16 + rr) * 4))
+                ptx.st_shared_f32(part + tidx * 4, v)
+            cute.arch.sync_threads()
+            if tidx < nv // 4:
+                d = ptx.ld_shared_v4(part + tidx * 16)
+                ptx.st_global_v4(base + Int64((z * nv + tidx * 4) * 4), d[0], d[1], d[2], d[3])
+            ptx.fence_acq_rel_gpu()
+            cute.arch.sync_threads()
+            if tidx == 0:
+                cnt_addr = counters.toint() + Int64(tile) * 4
+                old = ptx.atom_add_gpu(cnt_addr, 1)
+                last = Int32(0)
+                if old == num_splits - 1:
+                    last = Int32(1)
+                    ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
+                ptx.fence_acq_rel_gpu()
+                ptx.st_shared_b32(flag, last)
+            cute.arch.sync_threads()
+            is_last = ptx.ld_shared_b32(flag)
+            ptx.fence_acq_rel_gpu()
+            if is_last != 0:
+                # 4 outputs per thread: rows r0 .. r0 + 3 of m64 block x (16-byte loads of each partial)
+                if tidx < self.outs // 4:
+                    x = tidx // 4
+                    r0 = (tidx % 4) * 4
+                    va.fill(0.0)
+                    ua.fill(0.0)
+                    for zz in cutlass.range(num_splits, unroll=1):
+                        pz = base + Int64((zz * nv + x * 16 + r0) * 4)
+                        a = ptx.ld_global_cg_v4(pz)
+                        for q in cutlass.range_constexpr(4):
+                            va[q] = va[q] + ptx.i32_as_f32(a[q])
+                        if const_expr(self.cfg.gated):
+                            b = ptx.ld_global_cg_v4(pz + (X // 2) * 16 * 4)
+                            for q in cutlass.range_constexpr(4):
+                                ua[q] = ua[q] + ptx.i32_as_f32(b[q])
+                    for q in cutlass.range_constexpr(4):
+                        self._store(out, va[q], ua[q], x, r0 + q, s, nb, n, orow)
+
+    @cute.jit
+    def _store(self, out, v, u, x, rr, s, nb, n, orow):
+        """Output ``(x, rr)`` of this CTA (row ``rr`` of m64 block ``x``'s slice ``s``): the activation of the
+        gate sum ``v`` (and up sum ``u``, gated) for gate_up, ``v`` for down, to ``out[orow, col]``."""
+        X = self.X
+        cfg = self.cfg
+        if const_expr(cfg.gated):
+            val = act(cfg.activation, v, u)
+            ldo = n // 2
+            col = nb * (32 * X) + 64 * x + 16 * s + rr
+        else:
+            val = act(cfg.activation, v, v) if const_expr(cfg.mode == "gate_up") else v
+            ldo = n
+            col = nb * (64 * X) + 64 * x + 16 * s + rr
+        g_out = cute.make_tensor(out, cute.make_layout((orow + 1) * ldo))
+        g_out[orow * ldo + col] = val.to(g_out.element_type)
