@@ -172,6 +172,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--device", default=None, help="e.g. cuda:1 (default: cuda if available, else cpu)")
     ap.add_argument("--arch", default=None, help="arch for the kernel lookup (default: the device's, else sm_90a)")
     a = ap.parse_args(argv)
+    from .validate import check_global_experts
+
+    try:
+        check_global_experts(a.global_experts, a.experts)
+        if a.tokens < 1:
+            raise ValueError(f"--tokens: expected a positive int, got {a.tokens}")
+    except ValueError as exc:
+        ap.error(f"--global-experts / --tokens: {exc}")
     r = report(a.scheme, a.dtype, a.hidden, a.intermediate, a.experts, a.top_k, a.activation, a.backend, a.device,
                a.arch, a.tokens, a.global_experts)
     if a.json:
