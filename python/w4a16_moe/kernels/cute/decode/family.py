@@ -126,8 +126,9 @@ def mode() -> str:
 def expected_experts(tokens: int, top_k: int, num_experts: int, num_global_experts: Optional[int] = None) -> float:
     """Expected distinct local experts hit by ``tokens`` tokens of ``top_k`` routes each, under uniform routing
     over ``num_global_experts`` experts of which ``num_experts`` are local (None: every route local, the
-    call's default when it carries no ``global_num_experts`` hint): ``D = E * (1 - (1 - k/E_global)^T)``. A token's ``k`` experts are distinct, so an expert misses one token with
-    probability ``1 - k/E``; this is ``E * (1 - (1 - 1/E)^R)`` (``R = T * k`` independent routes) with the
+    call's default when it carries no ``global_num_experts`` hint): ``D = E * (1 - (1 - k/E_global)^T)``.
+    A token's ``k`` experts are distinct, so an expert misses one token with probability ``1 - k/E_global``;
+    without the hint this is ``E * (1 - (1 - 1/E)^R)`` (``R = T * k`` independent routes) with the
     draws of one token taken without replacement: exact for one token (``D = k``), the same when ``k << E``."""
     if tokens <= 0 or num_experts <= 0:
         return 0.0
