@@ -76,7 +76,7 @@ def test_deepseek_ep8_rules_with_the_hint():
     cases = {  # tokens: (without, with the hint) on a GPU without tuned rows
         8: (("sm90", 8), ("decode", None)),
         64: (("sm90", 16), ("sm90", 8)),
-        512: (("sm90", 128), ("sm90", 32)),
+        512: (("sm90", 128), ("sm90", 16)),  # 512 local routes on 32 experts
         2048: (("sm90", 128), ("sm90", 64)),
     }
     for t, want in cases.items():
@@ -126,6 +126,8 @@ def test_expected_local_routes_and_experts():
     # without the hint the rule is unchanged; with it routes per expert is ceil(R_local / D_local)
     assert tiles.routes_per_expert(4096, 16) == 256 and tiles.routes_per_expert(4096, 16, 8, 128) == 32
     assert tiles.routes_per_expert(8, 16, 8, 128) == 1
+    # 256 tokens: ~256 local routes on 15.999999 experts is 16 per expert (the r <= 16 bucket), not 17
+    assert tiles.routes_per_expert(256 * 8, 16, 8, 128) == 16 and fam.select_tiles(2048, 16, 8, 128) == fam.TILES[1][1]
     assert tiles.active_experts(64, 32) == 32 and tiles.active_experts(64, 32, 8, 256) == 8
     with pytest.raises(ValueError, match="top_k: the expert-parallel rule needs the call's top-k"):
         tiles.routes_per_expert(64, 32, None, 256)

@@ -32,7 +32,9 @@ def expected_local(num_routes: int, num_experts: int, top_k: int, global_experts
 
 
 def _ceil(v: float) -> int:
-    return max(1, math.ceil(v - 1e-9))  # float noise must not push an exact 32.0 into the next bucket
+    """``ceil(v)`` where ``v`` within 0.01 above an integer counts as that integer: ``D_local`` approaches
+    ``E_local`` from below, and 16.000002 expected routes per expert must not take the next bucket."""
+    return max(1, math.ceil(v - 0.01))
 
 
 def routes_per_expert(num_routes: int, num_experts: int, top_k: Optional[int] = None,
