@@ -46,12 +46,16 @@ CASES = [
     ("backend", dict(backend="cuda"), ValueError, r"backend: expected one of \('auto', 'cute', 'triton', 'reference'\), got 'cuda'"),
     ("out dtype", dict(out=torch.empty(T, H)), TypeError, r"out: expected dtype torch.float16 like x, got torch.float32"),
     ("out shape", dict(out=torch.empty(T, H + 1, dtype=torch.float16)), ValueError, r"out: expected shape \(4, 64\), got \(4, 65\)"),
+    ("global type", dict(global_num_experts=8.0), TypeError, r"global_num_experts: expected an int or None, got float"),
+    ("global rule", dict(expert_offset=2, global_num_experts=5), ValueError,
+     r"global_num_experts: must be >= expert_offset \+ E_local = 2 \+ 4 = 6 \(the local experts are global ids"),
 ]
 
 
-# The reference also accepts FP32 x and ignores backend=, so those two rows apply to fused_moe only.
+# The reference also accepts FP32 x and ignores backend=, and has no selection hint, so those rows apply to
+# fused_moe only.
 PARAMS = [(entry, *c) for entry in ("fused_moe", "reference_moe") for c in CASES
-          if entry == "fused_moe" or c[0] not in ("x dtype", "backend")]
+          if entry == "fused_moe" or c[0] not in ("x dtype", "backend", "global type", "global rule")]
 
 
 @pytest.mark.parametrize("entry,name,patch,exc,msg", PARAMS, ids=[f"{p[0]}-{p[1]}" for p in PARAMS])

@@ -37,7 +37,7 @@ def test_fake_shapes(scheme):
                                           scheme, "swiglu", "fused", 0, "auto")
 
 
-def _compiled_matches(device, backend, dtype):
+def _compiled_matches(device, backend, dtype, global_num_experts=None):
     torch._dynamo.reset()
     w = random_weights("int4_g32", 4, 128, 64, dtype=dtype, device=device)
     tw, ids = random_routing(6, 2, 4, device=device)
@@ -45,8 +45,8 @@ def _compiled_matches(device, backend, dtype):
     out = torch.empty_like(x)
 
     def layer(x, tw, ids):
-        y = wm.fused_moe(x, w, tw, ids, backend=backend)
-        wm.fused_moe(x, w, tw, ids, backend=backend, out=out)
+        y = wm.fused_moe(x, w, tw, ids, backend=backend, global_num_experts=global_num_experts)
+        wm.fused_moe(x, w, tw, ids, backend=backend, out=out, global_num_experts=global_num_experts)
         return y * 2
 
     compiled = torch.compile(layer, fullgraph=True)
@@ -58,6 +58,23 @@ def _compiled_matches(device, backend, dtype):
 
 def test_torch_compile_fullgraph_cpu_reference():
     _compiled_matches("cpu", "reference", torch.float16)
+
+
+def test_torch_compile_fullgraph_with_the_ep_hint():
+    _compiled_matches("cpu", "reference", torch.float16, global_num_experts=32)
+
+
+def test_fake_checks_the_ep_hint():
+    w = random_weights("int4_g32", 4, 64, 64, dtype=torch.bfloat16)
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fw = wm.MoEWeights(w.scheme, w.w13.map(mode.from_tensor), w.w2.map(mode.from_tensor), w.gated)
+        x, ids, tw = torch.empty(5, 64, dtype=torch.bfloat16), torch.empty(5, 3, dtype=torch.int32), torch.empty(5, 3)
+        args = (x, *ops.weight_args(fw), tw, ids, "int4_g32", "swiglu", "fused", 4, "auto")
+        assert torch.ops.w4a16_moe.fused_moe(*args, 64).shape == (5, 64)
+        with pytest.raises(ValueError, match=r"global_num_experts: must be >= expert_offset \+ E_local = 4 \+ 4"):
+            torch.ops.w4a16_moe.fused_moe(*args, 6)
+        with pytest.raises(ValueError, match="global_num_experts: must be >="):
+            torch.ops.w4a16_moe.fused_moe_out(*args, torch.empty_like(x), global_num_experts=6)
 
 
 @pytest.mark.gpu
@@ -96,7 +113,9 @@ def test_decision_logs_its_plan(caplog, monkeypatch):
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     with caplog.at_level(logging.INFO, logger="w4a16_moe"):
         wm.fused_moe(x, w, tw, ids, backend="reference")
+        wm.fused_moe(x, w, tw, ids, backend="reference", global_num_experts=16)
     assert any("provider reference" in m and "plan: provider reference" in m for m in caplog.messages)
+    assert any("4 of 16 experts" in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("w13_bias,w2_bias", [(True, True), (True, False), (False, True)])

@@ -147,7 +147,12 @@ def test_sm_count_comes_from_the_device():
 def test_converted_tuned_table_selects_the_same_tiles():
     old = json.load(open(os.path.join(DATA, "tuned_rows_ed90ab0.json")))
     table = fam._tuned_table()
-    assert set(table) == set(old)
+    # the keys of ed90ab0, plus the expert-parallel key (e<E>of<E_global>) of the EP8 rows, a copy of them
+    ep = {fam.tuned_key("NVIDIA H200", 32, 7168, 2048, "int4_g128", "bf16", 8, 256):
+          fam.tuned_key("NVIDIA H200", 32, 7168, 2048, "int4_g128", "bf16", 8)}
+    assert set(table) == set(old) | set(ep)
+    for key, src in ep.items():
+        assert table[key] == table[src] and fam._tuned_decode()[key]["max_routes"] == fam._tuned_decode()[src]["max_routes"]
     for key, rows in old.items():
         new = table[key]
         assert [r.tokens for r in new] == [r["tokens"] for r in rows], key

@@ -69,9 +69,12 @@ def _activation_name(activation: object) -> object:
 
 def _check_scalar_args(**kw: object) -> None:
     for name, v in kw.items():
-        if name == "expert_offset":
+        if name == "global_num_experts" and v is None:
+            continue
+        if name in ("expert_offset", "global_num_experts"):
             if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"expert_offset: expected an int, got {type(v).__name__}")
+                raise TypeError(f"{name}: expected an int{' or None' if name == 'global_num_experts' else ''}, "
+                                f"got {type(v).__name__}")
         elif not isinstance(v, str):
             raise TypeError(f"{name}: expected a str, got {type(v).__name__}")
 
@@ -87,6 +90,7 @@ def fused_moe(
     expert_offset: int = 0,
     backend: str = "auto",
     out: Optional[torch.Tensor] = None,
+    global_num_experts: Optional[int] = None,
 ) -> torch.Tensor:
     """Fused MoE over routed tokens with 4-bit expert weights.
 
@@ -105,20 +109,26 @@ def fused_moe(
         expert_offset: first global id of the local experts (expert parallelism).
         backend: ``auto`` | ``cute`` | ``triton`` | ``reference`` (``W4A16_MOE_BACKEND`` applies to ``auto``).
         out: optional ``[T, H]`` output of x's dtype to write into.
+        global_num_experts: the model's total expert count under expert parallelism (vLLM's name), a
+            selection hint only: the CuTe provider then expects ``T * k * E / global_num_experts`` local
+            routes (uniform routing) instead of ``T * k`` when it picks token tiles, split-K and the decode
+            path, and looks up tuned rows of that EP layer. Must be ``>= expert_offset + E``; None (or ``E``)
+            assumes every route is local. Results do not depend on it.
 
     Returns:
         ``[T, H]`` in x's dtype: ``sum_j topk_weights[t, j] * (w2_e act(w13_e x[t] + b13_e) + b2_e)``.
     """
     activation = _activation_name(activation)
     _check_tensor_args(x=x, topk_weights=topk_weights, topk_ids=topk_ids, out=out)
-    _check_scalar_args(activation=activation, finalize=finalize, expert_offset=expert_offset, backend=backend)
+    _check_scalar_args(activation=activation, finalize=finalize, expert_offset=expert_offset, backend=backend,
+                       global_num_experts=global_num_experts)
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
     args = (x, *ops.weight_args(weights), topk_weights, topk_ids, weights.scheme.name, activation, finalize,
             expert_offset, backend)
     if out is None:
-        return torch.ops.w4a16_moe.fused_moe(*args)
-    torch.ops.w4a16_moe.fused_moe_out(*args, out)
+        return torch.ops.w4a16_moe.fused_moe(*args, global_num_experts)
+    torch.ops.w4a16_moe.fused_moe_out(*args, out, global_num_experts)
     return out
 
 
@@ -154,6 +164,8 @@ def _warmup_token_counts(num_experts: int, top_k: int, max_tokens: int) -> list[
 
     Buckets are chosen from the routes per expert ``r = cdiv(T*k, min(E, T*k))``, which grows with T; the
     bucket edges are r = 8, 16, 32, 64, 128, and Triton's route preparation switches path at T*k = 4096.
+    With the ``global_num_experts`` hint, pass the global count as ``num_experts``: the expected routes per
+    local expert then grow as ``T*k / E_global``.
     """
     ts = {1, max_tokens, 4096 // top_k, 4096 // top_k + 1}
     for edge in (8, 16, 32, 64, 128):
@@ -166,7 +178,7 @@ def warmup(
     top_k: int = 8,
     max_tokens: int = 8192, finalize: tuple = ("deterministic", "fused"), expert_offset: int = 0,
     backend: str = "auto", masked_capacity: Optional[int] = None, autotune: Optional[bool] = None,
-    autotune_budget_s: float = 60.0, autotune_jit: bool = False,
+    autotune_budget_s: float = 60.0, autotune_jit: bool = False, global_num_experts: Optional[int] = None,
 ) -> list[int]:
     """Compile / load every kernel and pack ``weights`` for calls of 1..``max_tokens`` tokens.
 
@@ -181,6 +193,9 @@ def warmup(
     fastest per token count in the project-local cache; the plans of this layer use them from then on,
     in this and later processes (token counts already tuned for the running versions are not measured
     again). Raises inside CUDA-graph capture. Calls after warmup tune and compile nothing.
+
+    ``global_num_experts``: the hint the layer's :func:`fused_moe` calls will pass (expert parallelism); the
+    plans warmed up and tuned are those of calls carrying it (a layer tuned with the hint is tuned apart).
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
@@ -203,14 +218,15 @@ def warmup(
             raise ValueError(f"autotune_budget_s: expected a positive number of seconds, got {autotune_budget_s!r}")
     dev = weights.device
     e = weights.num_experts
-    tokens = _warmup_token_counts(e, top_k, max_tokens)
     from .providers import resolve_backend, select_provider
     from .validate import check_moe_call
 
     probe_x = torch.zeros(1, weights.hidden_size, dtype=dtype, device=dev)
     probe_ids = torch.full((1, top_k), expert_offset, dtype=torch.int32, device=dev)
     call = check_moe_call(probe_x, weights, torch.ones(1, top_k, device=dev), probe_ids, activation=activation,
-                          expert_offset=expert_offset)
+                          expert_offset=expert_offset, global_num_experts=global_num_experts)
+    g = call.global_experts  # None when not given or equal to E
+    tokens = _warmup_token_counts(g or e, top_k, max_tokens)
     if select_provider(call, resolve_backend(backend)).provider == "cute":
         from .kernels.cute.provider import cute_warmup
 
@@ -218,15 +234,15 @@ def warmup(
             from .kernels.cute.autotune import autotune_layer
 
             autotune_layer(weights, dtype, activation, top_k, max_tokens, tuple(finalize), autotune_budget_s,
-                           autotune_jit)
-        cute_warmup(weights, dtype, activation, max_tokens, top_k, finalizes=tuple(finalize))
+                           autotune_jit, global_experts=g)
+        cute_warmup(weights, dtype, activation, max_tokens, top_k, finalizes=tuple(finalize), global_experts=g)
     for t in tokens:
         x = torch.zeros(t, weights.hidden_size, dtype=dtype, device=dev)
         ids = (torch.arange(t * top_k, device=dev, dtype=torch.int32).view(t, top_k) % e) + expert_offset
         tw = torch.full((t, top_k), 1.0 / top_k, dtype=torch.float32, device=dev)
         for fin in finalize:
             fused_moe(x, weights, tw, ids, activation=activation, finalize=fin, expert_offset=expert_offset,
-                      backend=backend)
+                      backend=backend, global_num_experts=global_num_experts)
     if masked_capacity is not None:
         if not isinstance(masked_capacity, int) or masked_capacity < 1:
             raise ValueError(f"masked_capacity: expected a positive int, got {masked_capacity!r}")

@@ -11,7 +11,9 @@ outputs of its own tokens:
    only host synchronization);
 2. each rank runs its local experts on what it received and returns, per valid route, the unweighted
    expert output (``finalize="deterministic"``) or, per token, the weighted sum of its routes
-   (``finalize="fused"``, less traffic);
+   (``finalize="fused"``, less traffic). These calls carry no ``global_num_experts`` hint: a rank receives
+   only tokens with at least one route to it, so the uniform-over-global-experts model the hint stands for
+   does not describe them (with top-1 routing every received route is local);
 3. the source rank combines: deterministic mode puts the per-route outputs back in ``[T, k, H]`` and sums
    them in FP32 in fixed top-k order with the same code the single-GPU path uses, so the result is
    bit-identical run to run; with the CuTe provider in batch-invariant mode

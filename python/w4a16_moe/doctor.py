@@ -3,8 +3,9 @@
 Prints the device and its arch, the providers and why each is or is not available, the kernel
 cache location, prebuilt kernels and the torch op library, the provider decision for a case
 (``--scheme``, ``--dtype``, ``--hidden``, ``--intermediate``, ``--experts``, ``--activation``,
-``--backend``) and where the CuTe kernels of that case would come from on ``--arch`` (default: this
-GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and why; and the plan of a one-token call of the case
+``--backend``, ``--tokens``, ``--global-experts``: the ``global_num_experts`` hint of an expert-parallel rank) and where the CuTe kernels of that case would come from on ``--arch`` (default: this
+GPU's arch, else sm_90a): prebuilt, JIT cache, JIT compile, or not available and why; and the plan of a call of the case
+(one token unless ``--tokens``)
 (provider, kernel family, tiles, split-K, decode or not, kernels, and where the choice came from: an
 autotuned row, the tuned table, the rule or the decode cost model); where the autotuner's results live.
 """
@@ -107,13 +108,19 @@ def _cute_plan(call, arch: str, gpu: str) -> str:
 
 
 def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, experts=384, top_k=8,
-           activation="swiglu", backend="auto", device: Optional[str] = None, arch: Optional[str] = None) -> dict:
+           activation="swiglu", backend="auto", device: Optional[str] = None, arch: Optional[str] = None,
+           tokens: int = 1, global_experts: Optional[int] = None) -> dict:
+    from .validate import check_global_experts
+
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     info = probe(dev)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"tokens: expected a positive int, got {tokens!r}")
     call = MoECall(
-        tokens=1, top_k=top_k, hidden=hidden, intermediate=intermediate, experts=experts,
+        tokens=tokens, top_k=top_k, hidden=hidden, intermediate=intermediate, experts=experts,
         dtype=getattr(torch, dtype), device=dev, activation=get_activation(activation), finalize="deterministic",
         expert_offset=0, scheme=get_scheme(scheme).name,
+        global_experts=check_global_experts(global_experts, experts),
     )
     providers = {
         "cute": cute_unavailable_reason(call, info) or "available",
@@ -141,7 +148,8 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
         "kernels": _loader_info(),
         "autotune": _autotune_info(),
         "case": {"scheme": call.scheme, "dtype": dtype, "hidden": hidden, "intermediate": intermediate,
-                 "experts": experts, "top_k": top_k, "activation": activation},
+                 "experts": experts, "top_k": top_k, "activation": activation, "tokens": tokens,
+                 "global_experts": call.global_experts},
         "decision": decision,
         "kernel_lookup": _kernel_lookup(scheme, dtype, activation, experts, top_k, arch or info.arch or "sm_90a"),
     }
@@ -156,13 +164,24 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--intermediate", type=int, default=256)
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=1, help="tokens of the planned call (default 1)")
+    ap.add_argument("--global-experts", type=int, default=None,
+                    help="global_num_experts hint: the model's expert count when --experts is one EP rank's")
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--backend", default="auto", choices=list(BACKENDS))
     ap.add_argument("--device", default=None, help="e.g. cuda:1 (default: cuda if available, else cpu)")
     ap.add_argument("--arch", default=None, help="arch for the kernel lookup (default: the device's, else sm_90a)")
     a = ap.parse_args(argv)
+    from .validate import check_global_experts
+
+    try:
+        check_global_experts(a.global_experts, a.experts)
+        if a.tokens < 1:
+            raise ValueError(f"--tokens: expected a positive int, got {a.tokens}")
+    except ValueError as exc:
+        ap.error(f"--global-experts / --tokens: {exc}")
     r = report(a.scheme, a.dtype, a.hidden, a.intermediate, a.experts, a.top_k, a.activation, a.backend, a.device,
-               a.arch)
+               a.arch, a.tokens, a.global_experts)
     if a.json:
         json.dump(r, sys.stdout, indent=1)
         print()
@@ -181,8 +200,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                            f"{'yes' if at['warmup_default'] else 'no, W4A16_MOE_AUTOTUNE=0'}); plans say "
                            "where their choice came from"))
     c = r["case"]
-    print(f"case     : {c['scheme']} {c['dtype']} H={c['hidden']} I={c['intermediate']} E={c['experts']} "
-          f"top-{c['top_k']} {c['activation']}")
+    ep = f" of {c['global_experts']} (global_num_experts)" if c["global_experts"] else ""
+    print(f"case     : {c['scheme']} {c['dtype']} H={c['hidden']} I={c['intermediate']} E={c['experts']}{ep} "
+          f"top-{c['top_k']} {c['activation']}, {c['tokens']} token{'s' if c['tokens'] != 1 else ''}")
     dec = r["decision"]
     print(f"decision : backend={dec['backend']} -> {dec['provider'] or 'none'}: {dec['reason']}")
     if dec.get("plan"):

@@ -13,9 +13,17 @@ Schemas (``W`` stands for the ten weight tensors
 w13_bias?, w2_bias?``; ``activation`` is the canonical string form of :mod:`w4a16_moe.activations`, parameters
 included, e.g. ``"swiglu_oai(alpha=1.5,limit=10.0)"``)::
 
-    fused_moe(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend) -> Tensor
-    fused_moe_out(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out!) -> ()
+    fused_moe(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend,
+              global_num_experts=None) -> Tensor
+    fused_moe_out(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out!,
+                  global_num_experts=None) -> ()
     fused_moe_masked(x, W, masked_m, scheme, activation, backend) -> Tensor
+
+``global_num_experts`` (``int?``, last so that existing positional calls keep working) is the expert-parallel
+selection hint of :func:`w4a16_moe.fused_moe`; it is checked and carried in the call description
+(:class:`~w4a16_moe.validate.MoECall` ``global_experts``), which is all selection reads. These schemas are
+defined here in Python (the C++ library ``w4a16_moe_C`` only launches kernels), and selection happens in
+Python inside the op.
 """
 
 from __future__ import annotations
@@ -40,8 +48,8 @@ _NW = 10  # weight tensors per call (see _W)
 _ROUTED = "Tensor topk_weights, Tensor topk_ids, str scheme, str activation, str finalize, int expert_offset, str backend"
 
 _lib = torch.library.Library("w4a16_moe", "DEF")
-_lib.define(f"fused_moe(Tensor x, {_W}, {_ROUTED}) -> Tensor")
-_lib.define(f"fused_moe_out(Tensor x, {_W}, {_ROUTED}, Tensor(a!) out) -> ()")
+_lib.define(f"fused_moe(Tensor x, {_W}, {_ROUTED}, int? global_num_experts=None) -> Tensor")
+_lib.define(f"fused_moe_out(Tensor x, {_W}, {_ROUTED}, Tensor(a!) out, int? global_num_experts=None) -> ()")
 _lib.define(f"fused_moe_masked(Tensor x, {_W}, Tensor masked_m, str scheme, str activation, str backend) -> Tensor")
 
 
@@ -90,11 +98,12 @@ def _weights(scheme: str, wts: tuple) -> MoEWeights:
                               wts[8], wts[9])
 
 
-def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
+                global_num_experts=None):
     weights = _weights(scheme, wts)
     call = check_moe_call(
         x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
-        expert_offset=expert_offset, out=out,
+        expert_offset=expert_offset, out=out, global_num_experts=global_num_experts,
     )
     decision = select_provider(call, resolve_backend(backend))
     get_provider(decision.provider).run(decision.plan, call, x, weights, topk_weights, topk_ids, out)
@@ -102,18 +111,21 @@ def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, ex
 
 @torch.library.impl(_lib, "fused_moe", "CompositeExplicitAutograd")
 def _fused_moe(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias,
-               topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
+               topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, global_num_experts=None):
     wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias)
     out = torch.empty_like(x)
-    _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out)
+    _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
+                global_num_experts)
     return out
 
 
 @torch.library.impl(_lib, "fused_moe_out", "CompositeExplicitAutograd")
 def _fused_moe_out(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
-                   w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out):
+                   w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
+                   global_num_experts=None):
     wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias)
-    _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out)
+    _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
+                global_num_experts)
 
 
 @torch.library.impl(_lib, "fused_moe_masked", "CompositeExplicitAutograd")
@@ -134,21 +146,23 @@ def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_
 
 @torch.library.register_fake("w4a16_moe::fused_moe")
 def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
-                    w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend):
+                    w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend,
+                    global_num_experts=None):
     weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias)
-    check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize, expert_offset=expert_offset)
+    check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize, expert_offset=expert_offset,
+                   global_num_experts=global_num_experts)
     return torch.empty_like(x)
 
 
 @torch.library.register_fake("w4a16_moe::fused_moe_out")
 def _fused_moe_out_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                         w13_bias, w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset,
-                        backend, out):
+                        backend, out, global_num_experts=None):
     weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias)
     check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
-                   expert_offset=expert_offset, out=out)
+                   expert_offset=expert_offset, out=out, global_num_experts=global_num_experts)
 
 
 @torch.library.register_fake("w4a16_moe::fused_moe_masked")

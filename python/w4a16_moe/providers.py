@@ -218,8 +218,10 @@ def select_provider(call: Call, backend: str, info: Optional[DeviceInfo] = None)
 def _log(decision: Decision, call: Call) -> Decision:
     if logger.isEnabledFor(logging.INFO):
         logger.info(
-            "provider %s for %s (%s, %s, %s): %s; plan: %s",
+            "provider %s for %s (%s, %s, %s%s): %s; plan: %s",
             decision.provider, type(call).__name__, call.scheme, str(call.dtype).replace("torch.", ""),
-            call.activation.name, decision.reason, decision.plan.describe() if decision.plan else "none",
+            call.activation.name,
+            f", {call.experts} of {call.global_experts} experts" if getattr(call, "global_experts", None) else "",
+            decision.reason, decision.plan.describe() if decision.plan else "none",
         )
     return decision

@@ -9,6 +9,8 @@ they equal the single-process result bit for bit.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from .formats.weights import MoEWeights
@@ -19,13 +21,15 @@ __all__ = ["expert_routes", "combine_routes", "weighted_partial"]
 
 
 def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor, *, activation: str,
-                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                  backend: str = "auto", global_num_experts: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y [R, k, H], valid [R, k])``: the unweighted output of every valid route (local ids, -1 = none).
 
     ``y`` is FP32 for the reference provider and x's dtype for the GPU providers (what their
-    deterministic finalize reads); entries of invalid routes are unspecified.
+    deterministic finalize reads); entries of invalid routes are unspecified. ``global_num_experts``: the
+    selection hint of :func:`w4a16_moe.fused_moe` (ids uniform over that many experts, the ``E`` local ones
+    among them); results do not depend on it.
     """
-    call = check_routes_call(x, weights, local_ids, activation=activation)
+    call = check_routes_call(x, weights, local_ids, activation=activation, global_num_experts=global_num_experts)
     decision = select_provider(call, resolve_backend(backend))
     return get_provider(decision.provider).expert_routes(decision.plan, call, x, weights, local_ids)
 
@@ -43,8 +47,10 @@ def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Ten
 
 
 def weighted_partial(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, local_ids: torch.Tensor, *,
-                     activation: str, backend: str = "auto") -> torch.Tensor:
-    """``fused_moe`` over local ids (-1 = none) with fused finalize: per token, the weighted sum of its routes."""
+                     activation: str, backend: str = "auto", global_num_experts: Optional[int] = None) -> torch.Tensor:
+    """``fused_moe`` over local ids (-1 = none) with fused finalize: per token, the weighted sum of its routes
+    (``global_num_experts``: the selection hint, as for :func:`expert_routes`)."""
     from .api import fused_moe
 
-    return fused_moe(x, weights, topk_weights, local_ids, activation=activation, finalize="fused", backend=backend)
+    return fused_moe(x, weights, topk_weights, local_ids, activation=activation, finalize="fused", backend=backend,
+                     global_num_experts=global_num_experts)

@@ -15,8 +15,8 @@ import torch
 from .activations import Activation, get_activation
 from .formats.weights import MoEWeights
 
-__all__ = ["MoECall", "MaskedCall", "check_moe_call", "check_masked_call", "check_routes_call", "FINALIZE_MODES",
-           "ACT_DTYPES"]
+__all__ = ["MoECall", "MaskedCall", "check_moe_call", "check_masked_call", "check_routes_call",
+           "check_global_experts", "FINALIZE_MODES", "ACT_DTYPES"]
 
 FINALIZE_MODES = ("deterministic", "fused")
 ACT_DTYPES = (torch.bfloat16, torch.float16)
@@ -42,6 +42,9 @@ class MoECall:
     routes_only: bool = False
     #: the weights carry per-expert biases (``w13_bias`` and/or ``w2_bias``)
     has_bias: bool = False
+    #: the ``global_num_experts`` hint (expert parallelism: ``topk_ids`` are uniform over this many experts,
+    #: ``experts`` of them local); None = every route assumed local (also when the hint equals ``experts``)
+    global_experts: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,22 @@ def check_activation(activation: object, weights: MoEWeights) -> Activation:
     return act
 
 
+def check_global_experts(global_num_experts: object, num_experts: int, expert_offset: int = 0) -> Optional[int]:
+    """The ``global_num_experts`` hint as a call carries it: None when not given or when it equals the local
+    expert count (every expert is local: no expert parallelism); else an int with
+    ``global_num_experts >= expert_offset + E_local`` (the local ids must be global ids)."""
+    if global_num_experts is None:
+        return None
+    g = _int(global_num_experts, "global_num_experts")
+    if g < expert_offset + num_experts:
+        raise ValueError(
+            f"global_num_experts: must be >= expert_offset + E_local = {expert_offset} + {num_experts} = "
+            f"{expert_offset + num_experts} (the local experts are global ids expert_offset .. "
+            f"expert_offset + E_local - 1), got {g}"
+        )
+    return None if g == num_experts else g
+
+
 def check_moe_call(
     x: object,
     weights: object,
@@ -109,6 +128,7 @@ def check_moe_call(
     expert_offset: object = 0,
     out: object = None,
     x_dtypes: tuple = ACT_DTYPES,
+    global_num_experts: object = None,
 ) -> MoECall:
     """Check the arguments of ``fused_moe`` / ``reference_moe``; return the call's static description."""
     x = _tensor(x, "x")
@@ -141,6 +161,7 @@ def check_moe_call(
     off = _int(expert_offset, "expert_offset")
     if not 0 <= off <= INT32_MAX - w.num_experts:
         raise ValueError(f"expert_offset: must be in [0, {INT32_MAX - w.num_experts}], got {off}")
+    g = check_global_experts(global_num_experts, w.num_experts, off)
     if out is not None:
         o = _tensor(out, "out")
         if o.dtype != x.dtype:
@@ -152,13 +173,15 @@ def check_moe_call(
             raise ValueError("out: must be contiguous")
     return MoECall(
         tokens, top_k, hidden, w.intermediate_size, w.num_experts, x.dtype, x.device, act,
-        str(finalize), off, w.scheme.name, has_bias=w.has_bias,
+        str(finalize), off, w.scheme.name, has_bias=w.has_bias, global_experts=g,
     )
 
 
-def check_routes_call(x: object, weights: object, local_ids: object, *, activation: object = "swiglu") -> MoECall:
+def check_routes_call(x: object, weights: object, local_ids: object, *, activation: object = "swiglu",
+                      global_num_experts: object = None) -> MoECall:
     """Check the arguments of the expert-parallel first half (:func:`w4a16_moe.routes.expert_routes`:
-    ``x [R, H]``, local ids ``[R, k]``, -1 = none); return its ``routes_only`` call description."""
+    ``x [R, H]``, local ids ``[R, k]``, -1 = none; ``global_num_experts``: the selection hint, as for
+    ``fused_moe`` with ``expert_offset=0``); return its ``routes_only`` call description."""
     x = _tensor(x, "x")
     if x.dtype not in ACT_DTYPES:
         raise TypeError(f"x: expected dtype {' or '.join(map(str, ACT_DTYPES))}, got {x.dtype}")
@@ -171,9 +194,10 @@ def check_routes_call(x: object, weights: object, local_ids: object, *, activati
         raise ValueError(f"local_ids: expected int32/int64 [T={tokens}, k >= 1], got {ids.dtype} {tuple(ids.shape)}")
     _same_device(ids, "local_ids", x.device)
     act = check_activation(activation, w)
+    g = check_global_experts(global_num_experts, w.num_experts)
     return MoECall(tokens, ids.shape[1], hidden, w.intermediate_size, w.num_experts, x.dtype, x.device, act,
                    "deterministic", 0, w.scheme.name, routes_only=True,
-                   has_bias=w.has_bias)
+                   has_bias=w.has_bias, global_experts=g)
 
 
 def check_masked_call(

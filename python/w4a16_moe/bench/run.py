@@ -4,7 +4,8 @@ The layer: ``--workload kimi-tp8|deepseek-ep8`` (W1/W2 of docs/benchmarks.md, th
 ``--preset NAME`` (the layers of ``../shared/tools/peers``, same shapes, groups and default token counts;
 ``--list-presets``) or ``--layer E,H,I,TOPK[,E_GLOBAL]`` (``E_GLOBAL > E``: one EP rank owning ids
 ``0..E-1``), with ``--group``, ``--scheme``, ``--dtype`` and ``--activation`` (:mod:`.layers`). The data
-generation and floor model are :mod:`.workloads`'.
+generation and floor model are :mod:`.workloads`'. The project's calls pass the layer's ``E_GLOBAL`` as
+``fused_moe(..., global_num_experts=)`` (the expert-parallel selection hint; a no-op when ``E_GLOBAL = E``).
 
 Per row (token count): draw fresh inputs, compute the FP32 reference, check every provider's output
 (NRMSE < 0.02, output poisoned with NaN first), then time the whole local MoE call with warm CUDA-graph
@@ -97,8 +98,9 @@ def _provider_fn(name: str, wl: Workload, weights) -> Optional[Callable]:
     backend, finalize = (name, "deterministic") if name != "cute-fused" else ("cute", "fused")
 
     def run(x, tw, ids, out=None):
+        # the layer's global expert count as the selection hint (None-equivalent when every expert is local)
         return fused_moe(x, weights, tw, ids, activation=wl.activation, finalize=finalize, backend=backend,
-                         out=out)
+                         out=out, global_num_experts=wl.global_experts)
 
     return run
 

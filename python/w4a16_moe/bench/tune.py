@@ -4,7 +4,8 @@ Times the CuTe provider's whole MoE call for every candidate tile shape (``sm90.
 rule's buckets plus deep-pipeline decode shapes) and split-K choice (``--splits``, default: the rule and
 1, 2, 4, 8) at each token count of a workload, the same way the benchmark times it (checked against the FP32
 reference first, then CUDA-graph replay), and writes the best choice per token count as tuned-table
-entries keyed by GPU name and layer shape (``kernels/cute/sm90/tuned.json`` format: rows name their candidate
+entries keyed by GPU name and layer shape (``e<E>of<E_global>`` for an EP rank, whose calls carry the
+``global_num_experts`` hint here as in the benchmark; ``kernels/cute/sm90/tuned.json`` format: rows name their candidate
 by ``candidate_name`` and carry the device, versions, revision and date of the run).
 
 The data of a token count are the benchmark's row for it (the rows drawn in the workload's order from the
@@ -52,7 +53,10 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
     gen = torch.Generator(device=dev).manual_seed(SEED)
     weights = make_weights(wl, gen, dev)
     gpu = torch.cuda.get_device_name()
-    key = fam.tuned_key(gpu, wl.local_experts, wl.hidden, wl.intermediate, wl.scheme, "bf16", wl.top_k)
+    # an EP rank's rows (routing over more experts than the local ones) go to its e<E>of<E_global> key
+    key = fam.tuned_key(gpu, wl.local_experts, wl.hidden, wl.intermediate, wl.scheme, "bf16", wl.top_k,
+                        wl.global_experts)
+    hint = wl.global_experts  # the calls carry the global_num_experts hint, as the benchmark's do
     splits_opts = list(splits)
     buckets = list(range(len(fam.CANDIDATES))) if buckets is None else list(buckets)
     if routings < 1:
@@ -69,14 +73,14 @@ def tune(workload: str, finalize: str = "deterministic", tokens=None, log=print,
             times, errs = [], []
             for x, tw, ids, ref in cases:
                 out = torch.full_like(x, float("nan"))
-                fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out)
+                fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute", out=out, global_num_experts=hint)
                 err = _nrmse(out, ref)
                 if not (err < 0.02 and bool(torch.isfinite(out).all())):
                     log(f"# T={t} {label}: NRMSE {err:.3g}, skipped")
                     return
                 errs.append(err)
                 times.append(_time(lambda: fused_moe(x, weights, tw, ids, finalize=finalize, backend="cute",
-                                                     out=out)))
+                                                     out=out, global_num_experts=hint)))
             trials.append({"tokens": t, "bucket": bucket, "splits": sp, "us": sum(times) / len(times),
                            "candidate": candidate_name(fam.CANDIDATES[bucket]) if isinstance(bucket, int) else None,
                            "us_per_routing": times, "nrmse": max(errs)})

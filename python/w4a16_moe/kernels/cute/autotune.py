@@ -186,7 +186,7 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
                 for sp in DECODE_SPLITS]
     grouped = []
     if base.name == "sm90":
-        rule = sm90.select_tiles(call.tokens * call.top_k, call.experts)
+        rule = sm90.select_tiles(call.tokens * call.top_k, call.experts, call.top_k, call.global_experts)
         tiles = [rule] + [t for t in sm90.selectable_tiles(call.scheme) if t != rule]
         grouped += [("sm90", candidate_name(t)) for t in tiles]
     if base.name == "warp" or (base.name == "sm90" and s.cute_family == "auto"):
@@ -226,16 +226,18 @@ def check_not_capturing(what: str = "w4a16_moe.warmup(autotune=True)") -> None:
         raise RuntimeError(f"{what}: cannot autotune inside CUDA-graph capture; call it before capturing")
 
 
-def _inputs(weights, tokens: int, top_k: int, dtype, seed: int):
+def _inputs(weights, tokens: int, top_k: int, dtype, seed: int, global_experts: Optional[int] = None):
     """Fresh synthetic inputs drawn like the benchmark's: normal activations, uniform routing (top-k of
-    uniform scores over the local experts), softmax routing weights."""
+    uniform scores over the local experts, or over ``global_experts`` with the local ones first: ids
+    ``0 .. E - 1``, the others another rank's), softmax routing weights."""
     import torch
 
     dev = weights.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     x = torch.randn(tokens, weights.hidden_size, generator=gen, device=dev).to(dtype)
-    scores = torch.rand(tokens, weights.num_experts, generator=gen, device=dev)
-    ids = scores.topk(min(top_k, weights.num_experts), dim=1).indices.to(torch.int32)
+    experts = global_experts or weights.num_experts
+    scores = torch.rand(tokens, experts, generator=gen, device=dev)
+    ids = scores.topk(min(top_k, experts), dim=1).indices.to(torch.int32)
     if ids.shape[1] < top_k:  # more routes than experts: the rest route nowhere
         ids = torch.cat([ids, ids.new_full((tokens, top_k - ids.shape[1]), -1)], 1)
     tw = torch.softmax(torch.randn(tokens, top_k, generator=gen, device=dev), dim=1)
@@ -286,9 +288,13 @@ def _layout_keys(weights) -> set:
 
 def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
                    finalizes=("deterministic", "fused"), budget_s: float = 60.0, allow_jit: bool = False,
-                   log: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter) -> dict:
+                   log: Optional[Callable] = None, clock: Callable[[], float] = time.perf_counter,
+                   global_experts: Optional[int] = None) -> dict:
     """Tune one layer (see the module docstring) within ``budget_s`` seconds for all of ``finalizes``;
-    returns ``{finalize: path of its store entry}`` (finalize modes with nothing new to measure are skipped)."""
+    returns ``{finalize: path of its store entry}`` (finalize modes with nothing new to measure are skipped).
+    ``global_experts``: the ``global_num_experts`` hint of the layer's calls (one expert-parallel rank): the
+    calls tuned carry it, the synthetic routing is uniform over that many experts, and the rows go to the
+    hint's own store entry."""
     import torch
 
     from ...activations import get_activation
@@ -304,6 +310,8 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     info = probe(weights.device)
     act = get_activation(activation)
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    if global_experts == e:
+        global_experts = None  # every expert local: no hint (validate.check_global_experts)
     dt = _DTYPES[dtype]
     budget = Budget(budget_s, clock)
     packed_before = _layout_keys(weights)
@@ -311,7 +319,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     out, memo = {}, {}
     finalizes = list(finalizes)
     for n, fin in enumerate(finalizes):
-        key = store.LayerKey(info.name, e, h, i, weights.scheme.name, dt, top_k, act.name, fin)
+        key = store.LayerKey(info.name, e, h, i, weights.scheme.name, dt, top_k, act.name, fin, global_experts)
         have = store.read_entry(key) or {"rows": {}}
         todo = [t for t in grid if not (t in have["rows"] and have["rows"][t].complete)]
         if not todo:
@@ -320,14 +328,14 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
         part = Budget(budget.left() / (len(finalizes) - n), clock) if budget.left() > 0 else None
         if part is None:
             break
-        calls = {t: MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name)
-                 for t in todo}
+        calls = {t: MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name,
+                            global_experts=global_experts) for t in todo}
         data: dict = {}
 
         def case(t):
             if t not in data:
                 data.clear()  # one token count's inputs at a time
-                x, tw, ids = _inputs(weights, t, top_k, dtype, seed=1000 + t)
+                x, tw, ids = _inputs(weights, t, top_k, dtype, seed=1000 + t, global_experts=global_experts)
                 data[t] = (x, tw, ids, reference_moe(x, weights, tw, ids, activation=act.name))
             return data[t]
 
@@ -358,11 +366,12 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
         if rows:
             out[fin] = store.update(key, rows, grid, device=info.name)
             log(f"autotune {key.text()}: {len(rows)} token counts stored in {out[fin]}")
-    _drop_unused_layouts(weights, packed_before, info, dtype, activation, top_k, grid, finalizes)
+    _drop_unused_layouts(weights, packed_before, info, dtype, activation, top_k, grid, finalizes, global_experts)
     return out
 
 
-def _drop_unused_layouts(weights, before: set, info, dtype, activation: str, top_k: int, grid, finalizes) -> None:
+def _drop_unused_layouts(weights, before: set, info, dtype, activation: str, top_k: int, grid, finalizes,
+                         global_experts: Optional[int] = None) -> None:
     """Free the packed weight layouts tuning created that no plan of the grid uses (each is a full copy)."""
     from ...activations import get_activation
     from ...formats.weights import layout_cache
@@ -375,7 +384,7 @@ def _drop_unused_layouts(weights, before: set, info, dtype, activation: str, top
         for t in grid:
             for ro in (False, True):
                 call = MoECall(t, top_k, weights.hidden_size, weights.intermediate_size, weights.num_experts, dtype,
-                               weights.device, act, fin, 0, weights.scheme.name, ro)
+                               weights.device, act, fin, 0, weights.scheme.name, ro, global_experts=global_experts)
                 p, _ = provider._plan_cached(call, info)
                 if p is not None:
                     fam = provider.registry.get(p.family)

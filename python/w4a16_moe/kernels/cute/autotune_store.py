@@ -1,7 +1,8 @@
 """The autotuner's persistent results: one JSON file per layer in the project-local cache.
 
 Where: ``jit_cache.cache_dir() / "autotune"`` (:func:`store_dir`), one file per :class:`LayerKey` (GPU name,
-layer shape E/H/I, scheme, dtype, top-k, activation, finalize mode), named by a readable prefix and a hash
+layer shape E/H/I, scheme, dtype, top-k, activation, finalize mode, and the ``global_num_experts`` hint of an
+expert-parallel layer: a layer tuned with the hint is a different entry), named by a readable prefix and a hash
 of the key. A file holds the versions it was measured with (:func:`running_versions`: package, torch,
 Triton, the CuTe DSL and every kernel family's source hash); an entry measured with other versions is
 ignored (logged at INFO) and replaced by the next tuning.
@@ -114,16 +115,21 @@ class LayerKey:
     top_k: int
     activation: str
     finalize: str
+    #: the ``global_num_experts`` hint the layer's calls carry (None: every route local; see MoECall)
+    global_experts: Optional[int] = None
+
+    def _ep(self) -> str:
+        return "" if self.global_experts is None else f"of{self.global_experts}"
 
     def text(self) -> str:
-        return (f"{self.gpu}|e{self.experts}_h{self.hidden}_i{self.intermediate}|{self.scheme}|{self.dtype}|"
-                f"k{self.top_k}|{self.activation}|{self.finalize}")
+        return (f"{self.gpu}|e{self.experts}{self._ep()}_h{self.hidden}_i{self.intermediate}|{self.scheme}|"
+                f"{self.dtype}|k{self.top_k}|{self.activation}|{self.finalize}")
 
     def filename(self) -> str:
         gpu = re.sub(r"[^A-Za-z0-9]+", "-", self.gpu).strip("-").lower() or "gpu"
         digest = hashlib.sha256(self.text().encode()).hexdigest()[:16]
-        return (f"{gpu}-e{self.experts}-h{self.hidden}-i{self.intermediate}-{self.scheme}-{self.dtype}-k{self.top_k}-"
-                f"{self.activation}-{self.finalize}-{digest}.json")
+        return (f"{gpu}-e{self.experts}{self._ep()}-h{self.hidden}-i{self.intermediate}-{self.scheme}-{self.dtype}-"
+                f"k{self.top_k}-{self.activation}-{self.finalize}-{digest}.json")
 
 
 def candidate_tiles(family: str) -> dict:

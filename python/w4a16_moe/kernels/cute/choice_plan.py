@@ -32,7 +32,7 @@ def autotuned_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> 
     if overrides.current().any or settings.get().cute_decode == "1":
         return None
     key = store.LayerKey(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
-                         call.activation.name, call.finalize)
+                         call.activation.name, call.finalize, call.global_experts)
     hit = store.lookup(key, call.tokens)
     if hit is None:
         return None

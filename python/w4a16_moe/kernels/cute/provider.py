@@ -157,7 +157,7 @@ def _grouped_choice(base: KernelFamily, call, dt: str, gpu: str) -> tuple:
     """``(family, tiles, splits or None)`` of a routed call: the SM90 family may hand a layer shape to
     another family where its tuned table measured that faster (the plan then names that family)."""
     name, tiles, splits = base.choose(call.tokens, call.top_k, call.experts, call.hidden, call.intermediate,
-                                      call.scheme, dt, gpu)
+                                      call.scheme, dt, gpu, call.global_experts)
     return registry.get(name), tiles, splits
 
 
@@ -221,13 +221,27 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
 
 
 def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
-    """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule."""
+    """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule (with the
+    expert-parallel hint: the expected routes per local expert it used)."""
     counts = getattr(_module(base), "tuned_token_counts", None)
-    rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k) if counts else []
+    rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
+                  call.global_experts) if counts else []
     if not rows:
-        return "rule"
+        return "rule" + _ep_note(call)
     below = [t for t in rows if t <= call.tokens]
-    return f"tuned row T={below[-1] if below else rows[0]}"
+    return f"tuned row T={below[-1] if below else rows[0]}" + _ep_note(call)
+
+
+def _ep_note(call) -> str:
+    """``", EP hint: E of E_global experts, ~R routes on ~D local experts"`` for a call with the
+    ``global_num_experts`` hint (:func:`.tiles.expected_local`), ``""`` without it."""
+    g = getattr(call, "global_experts", None)
+    if g is None:
+        return ""
+    from .tiles import expected_local
+
+    r, d = expected_local(call.tokens * call.top_k, call.experts, call.top_k, g)
+    return f", EP hint: {call.experts} of {g} experts, ~{r:.1f} local routes on ~{d:.1f} experts"
 
 
 def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str) -> Plan:
@@ -243,8 +257,9 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    su = fam.num_splits(n13, hp, up, r, e, info.sms) if splits is None else min(splits, hp // up.k_tile)
-    sd = fam.num_splits(hp, ip, down, r, e, info.sms) if splits is None else min(splits, ip // down.k_tile)
+    g, k = call.global_experts, call.top_k
+    su = fam.num_splits(n13, hp, up, r, e, info.sms, k, g) if splits is None else min(splits, hp // up.k_tile)
+    sd = fam.num_splits(hp, ip, down, r, e, info.sms, k, g) if splits is None else min(splits, ip // down.k_tile)
     return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, hp, note, arch=_arch(base, info),
                          pad=_pad_field(call, hp, ip))
 
@@ -287,14 +302,14 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
     force = overrides.current()
     if settings.get().cute_decode == "0":
         return None
-    key = (info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k)
+    key = (info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k, call.global_experts)
     if force.decode_knobs is not None:  # the tuner timing the decode kernels
         bound = 1 << 30
     elif force.candidate is not None:  # the tuner timing a grouped-GEMM tile shape
         return None
     else:
         bound = smod.decode_bound(*key)
-    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts):
+    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts):
         return None
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
@@ -308,7 +323,9 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         elif bound is not None:
             note += f", tuned bound {bound} routes"
         else:
-            note += f", cost model: re-read {dmod.reread_factor(call.tokens, call.top_k, call.experts):.2f}x"
+            reread = dmod.reread_factor(call.tokens, call.top_k, call.experts, call.global_experts)
+            note += f", cost model: re-read {reread:.2f}x"
+        note += _ep_note(call)
     return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note)
 
 
@@ -664,10 +681,10 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
 
 
 def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, top_k: int,
-                finalizes=("deterministic", "fused")) -> list:
+                finalizes=("deterministic", "fused"), global_experts: Optional[int] = None) -> list:
     """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select
     (the decode kernels when small calls use them, the rule's buckets and the tuned table's entries for this
-    layer): the plans of those calls, loaded."""
+    layer; ``global_experts``: the calls' expert-parallel hint): the plans of those calls, loaded."""
     from ...activations import get_activation
     from ...device import probe
     from ...validate import MoECall
@@ -675,11 +692,13 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
     info = probe(weights.device)
     act = get_activation(activation)
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    if global_experts == e:
+        global_experts = None  # every expert local: the calls carry no hint (validate.check_global_experts)
     base, why = family_for(info)
     if base is None:
         raise RuntimeError(f"provider cute: {why}")
     mod = _module(base)
-    tuned = (mod.tuned_token_counts(info.name, e, h, i, weights.scheme.name, _DTYPES[dtype], top_k)
+    tuned = (mod.tuned_token_counts(info.name, e, h, i, weights.scheme.name, _DTYPES[dtype], top_k, global_experts)
              if hasattr(mod, "tuned_token_counts") else [])
     grid = sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens,
                    *(t for t in tuned if t <= max_tokens)})
@@ -689,7 +708,7 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
             # the call's own plan, and the grouped GEMMs' plan of the same shape (expert-parallel halves)
             for routes_only in ((False, True) if fin == "deterministic" else (False,)):
                 call = MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name,
-                               routes_only)
+                               routes_only, global_experts=global_experts)
                 p, why = _plan_cached(call, info)
                 if p is None:
                     raise RuntimeError(f"provider cute: {why}")

@@ -75,10 +75,12 @@ class KernelFamily(Protocol):
         """The :class:`~w4a16_moe.loader.KernelSpec` of a config."""
 
     # grouped families (role "grouped") also have:
-    #   select_tiles(num_routes, num_experts) -> tiles (the rule; masked calls)
-    #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu) -> (family name, tiles, splits or None): a routed
-    #       call's choice, which may name another registered family (the SM90 tuned table's warp rows)
-    #   num_splits(n, k, cfg, num_routes, num_experts, sm_count) -> split-K parts
+    #   select_tiles(num_routes, num_experts, top_k=None, global_experts=None) -> tiles (the rule; masked calls)
+    #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu, global_experts=None) -> (family name, tiles, splits or
+    #       None): a routed call's choice, which may name another registered family (the SM90 tuned table's
+    #       warp rows)
+    #   num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> split-K parts
+    #   (global_experts: the call's expert-parallel hint, MoECall.global_experts; see .tiles)
     #   max_grid_y: the launch's grid-y limit
 
     def aot_variants(self, subset: str) -> list:

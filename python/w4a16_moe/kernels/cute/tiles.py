@@ -1,24 +1,73 @@
 """Host-side tile rules shared by the grouped-GEMM families (no DSL import): the routes-per-expert bucket of a
-call, and the ``group`` codegen parameter of a scheme.
+call, the token tiles the split-K rule counts, and the ``group`` codegen parameter of a scheme.
 
 A family's tile table is a tuple of ``(bound, tiles)``: the first entry whose ``bound`` (routes per expert) is at
 least the call's, or whose bound is None, gives the call's tile parameters.
+
+Expert parallelism: with the ``global_num_experts`` hint (``global_experts`` here, :func:`expected_local`) the
+rules use the expected local routes and the expected distinct local experts hit under uniform routing over
+the global experts; without it they assume every route is local (only host-known sizes are used).
 """
 
 from __future__ import annotations
 
-__all__ = ["routes_per_expert", "select", "group_param"]
+import math
+from typing import Optional
+
+__all__ = ["routes_per_expert", "active_experts", "expected_local", "select", "group_param"]
 
 
-def routes_per_expert(num_routes: int, num_experts: int) -> int:
-    """``cdiv(T * k, min(E, T * k))``: an upper bound on the routes of one active expert (under expert
-    parallelism most routes may belong to other ranks; only host-known sizes are used)."""
-    return -(-num_routes // max(1, min(num_experts, num_routes)))
+def expected_local(num_routes: int, num_experts: int, top_k: int, global_experts: int) -> tuple:
+    """``(R_local, D_local)`` of a call of ``num_routes = T * top_k`` routes whose ids are uniform over
+    ``global_experts`` experts, ``num_experts`` of them local: the expected local routes
+    ``R_local = T * k * E_local / E_global`` and the expected distinct local experts hit
+    ``D_local = E_local * (1 - (1 - k / E_global)^T)`` (a token's ``k`` experts are distinct, so a local
+    expert misses one token with probability ``1 - k / E_global``)."""
+    if num_routes <= 0 or num_experts <= 0:
+        return 0.0, 0.0
+    g = max(global_experts, num_experts)
+    tokens = num_routes / max(1, top_k)
+    miss = max(0.0, 1.0 - min(top_k, g) / g)
+    return num_routes * num_experts / g, num_experts * (1.0 - miss ** tokens)
 
 
-def select(table: tuple, num_routes: int, num_experts: int) -> dict:
-    """The tile parameters of ``table`` for a call of ``num_routes = T * k`` routes over ``num_experts``."""
-    r = routes_per_expert(num_routes, num_experts)
+def _ceil(v: float) -> int:
+    """``ceil(v)`` where ``v`` within 0.01 above an integer counts as that integer: ``D_local`` approaches
+    ``E_local`` from below, and 16.000002 expected routes per expert must not take the next bucket."""
+    return max(1, math.ceil(v - 0.01))
+
+
+def routes_per_expert(num_routes: int, num_experts: int, top_k: Optional[int] = None,
+                      global_experts: Optional[int] = None) -> int:
+    """Routes of one active expert: ``cdiv(T * k, min(E, T * k))`` when every route is assumed local (no hint;
+    an upper bound under expert parallelism), else ``ceil(R_local / D_local)`` (:func:`expected_local`; needs
+    ``top_k``)."""
+    if global_experts is None:
+        return -(-num_routes // max(1, min(num_experts, num_routes)))
+    r, d = expected_local(num_routes, num_experts, _need_top_k(top_k), global_experts)
+    return _ceil(r / d) if d > 0 else 1
+
+
+def active_experts(num_routes: int, num_experts: int, top_k: Optional[int] = None,
+                   global_experts: Optional[int] = None) -> int:
+    """The experts with at least one route, as the split-K rule counts them (one token tile each):
+    ``min(E, T * k)`` without the hint, ``ceil(D_local)`` with it (at least 1)."""
+    if global_experts is None:
+        return max(1, min(num_experts, num_routes))
+    return _ceil(expected_local(num_routes, num_experts, _need_top_k(top_k), global_experts)[1])
+
+
+def _need_top_k(top_k: Optional[int]) -> int:
+    if top_k is None or top_k < 1:
+        raise ValueError(f"top_k: the expert-parallel rule needs the call's top-k (>= 1), got {top_k!r}")
+    return top_k
+
+
+def select(table: tuple, num_routes: int, num_experts: int, top_k: Optional[int] = None,
+           global_experts: Optional[int] = None) -> dict:
+    """The tile parameters of ``table`` for a call of ``num_routes = T * k`` routes over ``num_experts`` local
+    experts (``global_experts``: the expert-parallel hint, with ``top_k``; see :func:`routes_per_expert`)."""
+    r = routes_per_expert(num_routes, num_experts, top_k, global_experts)
     for bound, tiles in table:
         if bound is None or r <= bound:
             return dict(tiles)

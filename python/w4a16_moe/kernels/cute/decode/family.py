@@ -195,31 +195,37 @@ def mode() -> str:
     return settings.get().cute_decode
 
 
-def expected_experts(tokens: int, top_k: int, num_experts: int) -> float:
-    """Expected distinct experts hit by ``tokens`` tokens of ``top_k`` routes each over ``num_experts``
-    experts, under uniform routing with every route local (the host does not know the global expert count):
-    ``D = E * (1 - (1 - k/E)^T)``. A token's ``k`` experts are distinct, so an expert misses one token with
-    probability ``1 - k/E``; this is ``E * (1 - (1 - 1/E)^R)`` (``R = T * k`` independent routes) with the
+def expected_experts(tokens: int, top_k: int, num_experts: int, num_global_experts: Optional[int] = None) -> float:
+    """Expected distinct local experts hit by ``tokens`` tokens of ``top_k`` routes each, under uniform routing
+    over ``num_global_experts`` experts of which ``num_experts`` are local (None: every route local, the
+    call's default when it carries no ``global_num_experts`` hint): ``D = E * (1 - (1 - k/E_global)^T)``.
+    A token's ``k`` experts are distinct, so an expert misses one token with probability ``1 - k/E_global``;
+    without the hint this is ``E * (1 - (1 - 1/E)^R)`` (``R = T * k`` independent routes) with the
     draws of one token taken without replacement: exact for one token (``D = k``), the same when ``k << E``."""
     if tokens <= 0 or num_experts <= 0:
         return 0.0
-    miss = max(0.0, 1.0 - min(top_k, num_experts) / num_experts)
+    g = max(num_experts, num_global_experts or num_experts)
+    miss = max(0.0, 1.0 - min(top_k, g) / g)
     return num_experts * (1.0 - miss ** tokens)
 
 
-def reread_factor(tokens: int, top_k: int, num_experts: int) -> float:
-    """``R / D``: how many times the decode path streams each hit expert's weights (``R = T * top_k`` routes,
-    ``D`` = :func:`expected_experts`); 1.0 means every route hits its own expert."""
-    d = expected_experts(tokens, top_k, num_experts)
-    return tokens * top_k / d if d > 0 else 1.0
+def reread_factor(tokens: int, top_k: int, num_experts: int, num_global_experts: Optional[int] = None) -> float:
+    """``R / D``: how many times the decode path streams each hit expert's weights (``R`` = the expected local
+    routes ``T * top_k * E / E_global``, ``D`` = :func:`expected_experts`); 1.0 means every route hits its
+    own expert."""
+    d = expected_experts(tokens, top_k, num_experts, num_global_experts)
+    g = max(num_experts, num_global_experts or num_experts)
+    return tokens * top_k * num_experts / g / d if d > 0 else 1.0
 
 
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
-               num_experts: Optional[int] = None) -> bool:
+               num_experts: Optional[int] = None, num_global_experts: Optional[int] = None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
     ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never; it is
     then the only test). Without one: at most :data:`DECODE_MAX_ROUTES` routes and, when ``num_experts`` (the
-    local experts) is given, a re-read factor of at most :data:`MAX_REREAD`."""
+    local experts) is given, a re-read factor of at most :data:`MAX_REREAD` (``num_global_experts``: the
+    expert-parallel hint, routes uniform over that many experts; the route bound stays on ``T * top_k``,
+    the launch's size, skipped routes included)."""
     s = settings.get()
     m = s.cute_decode
     if m == "0" or s.batch_invariant or tokens == 0:
@@ -232,7 +238,7 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
         return tokens * top_k <= max_routes
     if tokens * top_k > DECODE_MAX_ROUTES:
         return False
-    return num_experts is None or reread_factor(tokens, top_k, num_experts) <= MAX_REREAD
+    return num_experts is None or reread_factor(tokens, top_k, num_experts, num_global_experts) <= MAX_REREAD
 
 
 def knob_items(text: Optional[str]) -> tuple:

@@ -25,7 +25,8 @@ are not presets (``scripts/sweep_tiles.py``; docs/perf/2026-12-01-selection): pe
 lowest geometric-mean time relative to each row's fastest choice.
 
 ``r = cdiv(T * k, min(E, T * k))`` (an upper bound under expert parallelism, where most routes belong
-to other ranks). The table comes from the first H200 sweep of the kernel bundle (``docs/perf/``); split-K
+to other ranks), or with the ``global_num_experts`` hint ``ceil(R_local / D_local)``: the expected local routes
+over the expected distinct local experts hit (:func:`.tiles.expected_local`). Split-K
 (``num_splits``, a runtime argument) is used when the grid would not fill the GPU twice, in both finalize
 modes: the partials are summed in fixed split order, so deterministic calls stay bit-identical run to run
 (``W4A16_MOE_BATCH_INVARIANT=1`` turns split-K off for batch invariance). ``EXTRA_TILES`` are further
@@ -205,9 +206,11 @@ def kernel_config(**fields):
 spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
-def select_tiles(num_routes: int, num_experts: int) -> dict:
-    """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts."""
-    return tiles_rule.select(TILES, num_routes, num_experts)
+def select_tiles(num_routes: int, num_experts: int, top_k: Optional[int] = None,
+                 global_experts: Optional[int] = None) -> dict:
+    """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts
+    (``global_experts``, with ``top_k``: the expert-parallel hint, :func:`.tiles.routes_per_expert`)."""
+    return tiles_rule.select(TILES, num_routes, num_experts, top_k, global_experts)
 
 
 group_param = tiles_rule.group_param
@@ -263,18 +266,20 @@ def _tuned_decode(path: str = TUNED_PATH) -> dict:
 
 
 def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
-                 top_k: int) -> Optional[int]:
+                 top_k: int, global_experts: Optional[int] = None) -> Optional[int]:
     """The tuned table's bound for the route-major decode kernels (:mod:`..decode.family`) on this layer
     shape: calls of at most that many routes (``T * top_k``) use them; None = no measurement (the rule)."""
-    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
+    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
+                                        global_experts))
     return None if ent is None else int(ent["max_routes"])
 
 
 def decode_knobs(tokens: int, gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
-                 top_k: int) -> Optional[str]:
+                 top_k: int, global_experts: Optional[int] = None) -> Optional[str]:
     """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode.family.parse_knobs``) for a call of
     ``tokens`` on this layer shape: the row with the largest token count <= ``tokens``; None = defaults."""
-    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
+    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
+                                        global_experts))
     best = None
     for t, kn in (ent or {}).get("knobs", []):
         if t <= tokens or best is None:
@@ -293,59 +298,65 @@ tuned_key = tuned.tuned_key
 
 
 def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str,
-                       dtype: str, gpu: str) -> tuple:
+                       dtype: str, gpu: str, global_experts: Optional[int] = None) -> tuple:
     """``(family, tiles, splits or None)`` for a call on an SM90 GPU: the override of
     :func:`~w4a16_moe.kernels.cute.overrides.forced` (tuner, profiler, tests), then the tuned table (largest
     measured token count <= ``tokens``), then the routes-per-expert rule. ``family`` is ``"sm90"`` (``tiles``
     from :data:`CANDIDATES`) or ``"warp"`` (a tuned row measured faster with the portable warp-MMA family;
     ``tiles`` from its ``TILES``): the plan then names that family. ``splits`` None means the family's
-    ``num_splits`` rule."""
+    ``num_splits`` rule. ``global_experts``: the expert-parallel hint (the tuned table's ``e<E>of<E_global>``
+    key; the rule's expected local routes)."""
     force = overrides.current()
     if force.candidate is not None:
         return "sm90", candidate(force.candidate), force.splits
-    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k))
+    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k, global_experts))
     if rows:
         best = None
         for row in rows:  # sorted by tokens
             if row.tokens <= tokens or best is None:
                 best = row
         return best.family, dict(best.tiles), best.splits
-    return rule_choice(tokens * top_k, num_experts)
+    return rule_choice(tokens * top_k, num_experts, top_k, global_experts)
 
 
-def rule_choice(num_routes: int, num_experts: int) -> tuple:
-    """``(family, tiles, None)`` of the routes-per-expert rule (the module docstring's table): the warp-MMA
-    family's tile in the buckets of :data:`WARP_RULE` when the warp family may be chosen, else :data:`TILES`."""
+def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
+                global_experts: Optional[int] = None) -> tuple:
+    """``(family, tiles, None)`` of the routes-per-expert rule (the module docstring's table; ``global_experts``
+    with ``top_k``: the expert-parallel hint): the warp-MMA family's tile in the buckets of :data:`WARP_RULE`
+    when the warp family may be chosen, else :data:`TILES`."""
     if settings.get().cute_family == "auto":
         from ..warp import family as warp
 
-        r = tiles_rule.routes_per_expert(num_routes, num_experts)
+        r = tiles_rule.routes_per_expert(num_routes, num_experts, top_k, global_experts)
         for bound, idx in WARP_RULE:
             if r <= bound:
                 return "warp", dict(warp.TILES[idx][1]), None
-    return "sm90", select_tiles(num_routes, num_experts), None
+    return "sm90", select_tiles(num_routes, num_experts, top_k, global_experts), None
 
 
 def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
-           gpu: str) -> tuple:
+           gpu: str, global_experts: Optional[int] = None) -> tuple:
     """``(tiles, splits or None)`` of this family for a call (:func:`choose_with_family`; a row that names
     the warp family falls back to the rule here)."""
-    family, tiles, splits = choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu)
+    family, tiles, splits = choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu,
+                                               global_experts)
     if family != "sm90":
-        return select_tiles(tokens * top_k, num_experts), None
+        return select_tiles(tokens * top_k, num_experts, top_k, global_experts), None
     return tiles, splits
 
 
 def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
-                       top_k: int) -> list:
-    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k)) or ()
+                       top_k: int, global_experts: Optional[int] = None) -> list:
+    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
+                                        global_experts)) or ()
     return [row.tokens for row in rows]
 
 
-def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
+               top_k: Optional[int] = None, global_experts: Optional[int] = None) -> int:
     """Split-K factor: enough CTAs for two waves on ``sm_count`` SMs when the (row block x token tile) grid is
-    small."""
-    tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
+    small (``global_experts``, with ``top_k``: the expert-parallel hint, :func:`.tiles.active_experts`)."""
+    tiles = tiles_rule.active_experts(num_routes, num_experts, top_k, global_experts)  # one tile per active expert
     rb = cfg.row_blocks_per_cta
     ctas = -(-(n // (64 * cfg.m64_per_block)) // rb) * tiles
     k_tiles = k // cfg.k_tile
@@ -438,14 +449,14 @@ class Sm90Family:
     def configs(self, scheme, dtype, activation, gated, finalize, tiles):
         return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
 
-    def select_tiles(self, num_routes, num_experts) -> dict:
-        return select_tiles(num_routes, num_experts)
+    def select_tiles(self, num_routes, num_experts, top_k=None, global_experts=None) -> dict:
+        return select_tiles(num_routes, num_experts, top_k, global_experts)
 
-    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu) -> tuple:
-        return choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu)
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts=None) -> tuple:
+        return choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts)
 
-    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count) -> int:
-        return num_splits(n, k, cfg, num_routes, num_experts, sm_count)
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> int:
+        return num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k, global_experts)
 
     def spec_for(self, cfg):
         return spec_for(cfg)

@@ -9,7 +9,8 @@ Format 2 (written by ``scripts/merge_tuned.py`` from ``python -m w4a16_moe tune 
                        "revision": ..., "date": ...}},
      "commands": {KEY: "the tuner command lines of the key's sweeps"}}
 
-``KEY`` is :func:`tuned_key` (GPU name, layer shape, scheme, dtype, top-k). A row names its tile shape by
+``KEY`` is :func:`tuned_key` (GPU name, layer shape, scheme, dtype, top-k; ``e<E>of<E_global>`` for one
+expert-parallel rank, what calls with the ``global_num_experts`` hint look up). A row names its tile shape by
 :func:`candidate_name` (derived from the tile dict, so reordering a family's candidate list changes no row);
 a call uses the row with the largest token count <= its own. The table is checked when it is read: a row
 naming an unknown candidate (or family, or lacking a field) raises ``ValueError`` naming the key and the row,
@@ -63,8 +64,13 @@ def candidate_name(tiles: Mapping) -> str:
     return name + ("__d_" + part(down, "down_") if down else "")
 
 
-def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str, top_k: int) -> str:
-    return f"{gpu}|e{num_experts}_h{hidden}_i{intermediate}|{scheme}|{dtype}|k{top_k}"
+def tuned_key(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str, top_k: int,
+              global_experts: Optional[int] = None) -> str:
+    """``GPU|e<E>_h<H>_i<I>|scheme|dtype|k<K>``; an expert-parallel layer (the ``global_num_experts`` hint,
+    ``global_experts`` > E) is ``e<E>of<E_global>_...``: rows measured with all routes local never serve
+    calls that carry the hint, and rows measured for one EP rank serve only calls that say so."""
+    ep = f"of{global_experts}" if global_experts is not None and global_experts != num_experts else ""
+    return f"{gpu}|e{num_experts}{ep}_h{hidden}_i{intermediate}|{scheme}|{dtype}|k{top_k}"
 
 
 @dataclass(frozen=True)

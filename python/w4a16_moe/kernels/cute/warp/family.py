@@ -17,7 +17,8 @@ r <= 32                32    4      2       128  4
 r > 32                 64    4      2       64   4       (bonus; WGMMA is expected to win here on SM90)
 =====================  ====  =====  ======  ===  ======  =============================================
 
-``r = cdiv(T * k, min(E, T * k))``. Every bucket has 128 weight rows per CTA (128 threads) and needs at most
+``r = cdiv(T * k, min(E, T * k))``, or with the ``global_num_experts`` hint the expected local routes over the
+expected distinct local experts hit (:func:`..tiles.routes_per_expert`). Every bucket has 128 weight rows per CTA (128 threads) and needs at most
 ~75 KB of shared memory, so the same variants run on sm_86/89/120 (99 KB) as on sm_80/90/100.
 This module imports neither ``cutlass`` nor the kernel module (run-time selection must not need the DSL).
 """
@@ -69,9 +70,11 @@ def kernel_config(**fields):
 spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
-def select_tiles(num_routes: int, num_experts: int) -> dict:
-    """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts."""
-    return tiles_rule.select(TILES, num_routes, num_experts)
+def select_tiles(num_routes: int, num_experts: int, top_k: Optional[int] = None,
+                 global_experts: Optional[int] = None) -> dict:
+    """Tile parameters for a call with ``num_routes = T * k`` routes over ``num_experts`` local experts
+    (``global_experts``, with ``top_k``: the expert-parallel hint)."""
+    return tiles_rule.select(TILES, num_routes, num_experts, top_k, global_experts)
 
 
 group_param = tiles_rule.group_param
@@ -93,10 +96,12 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
     return up, down
 
 
-def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
+def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
+               top_k: Optional[int] = None, global_experts: Optional[int] = None) -> int:
     """Split-K factor: enough CTAs for about four small CTAs per SM when the (row block x token tile) grid is
-    small (decode), each split keeping at least two K tiles; at most 16."""
-    tiles = max(1, min(num_experts, num_routes))  # at least one tile per active expert
+    small (decode), each split keeping at least two K tiles; at most 16 (``global_experts``, with ``top_k``:
+    the expert-parallel hint, :func:`..tiles.active_experts`)."""
+    tiles = tiles_rule.active_experts(num_routes, num_experts, top_k, global_experts)  # one tile per active expert
     ctas = (n // cfg.rows_per_cta) * tiles
     k_tiles = k // cfg.k_tile
     if ctas >= 2 * sm_count:
@@ -183,14 +188,14 @@ class WarpFamily:
     def configs(self, scheme, dtype, activation, gated, finalize, tiles):
         return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
 
-    def select_tiles(self, num_routes, num_experts) -> dict:
-        return select_tiles(num_routes, num_experts)
+    def select_tiles(self, num_routes, num_experts, top_k=None, global_experts=None) -> dict:
+        return select_tiles(num_routes, num_experts, top_k, global_experts)
 
-    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu) -> tuple:
-        return self.name, select_tiles(tokens * top_k, num_experts), None
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts=None) -> tuple:
+        return self.name, select_tiles(tokens * top_k, num_experts, top_k, global_experts), None
 
-    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count) -> int:
-        return num_splits(n, k, cfg, num_routes, num_experts, sm_count)
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> int:
+        return num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k, global_experts)
 
     def spec_for(self, cfg):
         return spec_for(cfg)
