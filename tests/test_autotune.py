@@ -394,7 +394,7 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
     import w4a16_moe.loader as loader
 
     monkeypatch.setattr(loader, "kernel_status", lambda spec, arch: ("prebuilt", "fake"))
-    fast = Choice("sm90", candidate_name(fam.CANDIDATES[3]), 2)
+    fast = Choice("sm90", candidate_name(fam.TILES[3][1]), 2)
     seen, refs = [], {}
 
     def fake_run(x, weights, tw, ids, *, call, out, plan):
@@ -430,7 +430,7 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
     assert not any(not p.decode and dict(p.tiles) == fam.CANDIDATES[1] for p in [
         choice_plan.plan_of_choice(_small(1), H200, r.best) for r in ent["rows"].values()])
     p = provider.plan(_small(3), H200)
-    assert "autotuned row T=2" in p.note and dict(p.tiles) == fam.CANDIDATES[3] and p.splits == (2, 2)
+    assert "autotuned row T=2" in p.note and dict(p.tiles) == fam.TILES[3][1] and p.splits == (2, 2)
     seen.clear()
     assert autotune.autotune_layer(w, torch.bfloat16, "swiglu", 2, 4, ("deterministic",), budget_s=60) == {}
     assert seen == []  # everything already tuned: nothing measured

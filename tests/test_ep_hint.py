@@ -53,12 +53,12 @@ def test_qwen3_235b_ep8_at_512_tokens_gets_smaller_token_tiles():
     plain = provider.plan(_call(QWEN_EP8, 512), H200)
     hinted = provider.plan(_call(QWEN_EP8, 512, hint=True), H200)
     # all routes local: 4096 routes on 16 experts = 256 per expert; the hint: 512 local routes on ~16 experts
-    assert (plain.family, _tn(plain), plain.note) == ("sm90", 128, "rule")
-    assert hinted.family == "sm90" and _tn(hinted) == 32 and dict(hinted.tiles) == fam.TILES[2][1]
+    assert (plain.family, _tn(plain), plain.note) == ("sm90", 96, "rule")
+    assert hinted.family == "sm90" and _tn(hinted) == 48 and dict(hinted.tiles) == fam.TILES[3][1]
     assert hinted.note.startswith("rule, EP hint: 16 of 128 experts, ~512.0 local routes on ~16.0 experts")
     assert "EP hint" in hinted.describe()
     # the grid bound is still the one for any routing of all T * k routes
-    assert hinted.max_tiles == -(-4096 // 32) + 16
+    assert hinted.max_tiles == -(-4096 // 48) + 16
 
 
 def test_qwen3_235b_ep8_at_8_tokens_takes_the_decode_path_with_the_hint():
@@ -74,10 +74,10 @@ def test_qwen3_235b_ep8_at_8_tokens_takes_the_decode_path_with_the_hint():
 
 def test_deepseek_ep8_rules_with_the_hint():
     cases = {  # tokens: (without, with the hint) on a GPU without tuned rows
-        8: (("sm90", 8), ("decode", None)),
-        64: (("sm90", 16), ("sm90", 8)),
-        512: (("sm90", 128), ("sm90", 16)),  # 512 local routes on 32 experts
-        2048: (("sm90", 128), ("sm90", 64)),
+        8: (("warp", 8), ("decode", None)),
+        64: (("sm90", 32), ("warp", 8)),  # 512 routes on 32 experts; ~64 local routes on ~28 experts
+        512: (("sm90", 80), ("sm90", 32)),  # 512 local routes on 32 experts
+        2048: (("sm90", 96), ("sm90", 80)),
     }
     for t, want in cases.items():
         got = []
@@ -126,8 +126,8 @@ def test_expected_local_routes_and_experts():
     # without the hint the rule is unchanged; with it routes per expert is ceil(R_local / D_local)
     assert tiles.routes_per_expert(4096, 16) == 256 and tiles.routes_per_expert(4096, 16, 8, 128) == 32
     assert tiles.routes_per_expert(8, 16, 8, 128) == 1
-    # 256 tokens: ~256 local routes on 15.999999 experts is 16 per expert (the r <= 16 bucket), not 17
-    assert tiles.routes_per_expert(256 * 8, 16, 8, 128) == 16 and fam.select_tiles(2048, 16, 8, 128) == fam.TILES[1][1]
+    # 256 tokens: ~256 local routes on 15.999999 experts is 16 per expert, not 17
+    assert tiles.routes_per_expert(256 * 8, 16, 8, 128) == 16 and fam.select_tiles(2048, 16, 8, 128) == fam.TILES[2][1]
     assert tiles.active_experts(64, 32) == 32 and tiles.active_experts(64, 32, 8, 256) == 8
     with pytest.raises(ValueError, match="top_k: the expert-parallel rule needs the call's top-k"):
         tiles.routes_per_expert(64, 32, None, 256)
@@ -226,15 +226,15 @@ def test_autotune_store_keys_a_hinted_layer_apart():
     assert hinted.text() == "NVIDIA H200|e16of128_h4096_i1536|int4_g128|bf16|k8|swiglu|deterministic"
     assert hinted.filename().startswith("nvidia-h200-e16of128-h4096-i1536-") and hinted.filename() != plain.filename()
     # a row stored for the hinted layer serves only hinted calls, and the other way round
-    t64 = candidate_name(fam.TILES[3][1])
-    store.update(hinted, [Row(512, Choice("sm90", t64, 2), Choice("sm90", t64, 2), 90.0, 90.0)], [512])
+    t48 = candidate_name(fam.TILES[3][1])
+    store.update(hinted, [Row(512, Choice("sm90", t48, 2), Choice("sm90", t48, 2), 90.0, 90.0)], [512])
     p = provider.plan(_call(QWEN_EP8, 512, hint=True), H200)
-    assert "autotuned row T=512" in p.note and _tn(p) == 64 and p.splits == (2, 2)
+    assert "autotuned row T=512" in p.note and _tn(p) == 48 and p.splits == (2, 2)
     assert "autotuned" not in provider.plan(_call(QWEN_EP8, 512), H200).note
-    t128 = candidate_name(fam.TILES[4][1])
-    store.update(plain, [Row(512, Choice("sm90", t128, 1), Choice("sm90", t128, 1), 99.0, 99.0)], [512])
-    assert _tn(provider.plan(_call(QWEN_EP8, 512), H200)) == 128
-    assert _tn(provider.plan(_call(QWEN_EP8, 512, hint=True), H200)) == 64
+    t80 = candidate_name(fam.TILES[4][1])
+    store.update(plain, [Row(512, Choice("sm90", t80, 1), Choice("sm90", t80, 1), 99.0, 99.0)], [512])
+    assert _tn(provider.plan(_call(QWEN_EP8, 512), H200)) == 80
+    assert _tn(provider.plan(_call(QWEN_EP8, 512, hint=True), H200)) == 48
 
 
 def test_autotune_candidates_put_the_hinted_rule_first():
@@ -242,9 +242,9 @@ def test_autotune_candidates_put_the_hinted_rule_first():
 
     status = lambda spec, arch: ("prebuilt", "")  # noqa: E731
     first = [c for c in autotune.candidates(_call(QWEN_EP8, 512, hint=True), H200, status=status) if not c.decode][0]
-    assert first.candidate == candidate_name(fam.TILES[2][1])
+    assert first.candidate == candidate_name(fam.TILES[3][1])
     first = [c for c in autotune.candidates(_call(QWEN_EP8, 512), H200, status=status) if not c.decode][0]
-    assert first.candidate == candidate_name(fam.TILES[4][1])
+    assert first.candidate == candidate_name(fam.TILES[5][1])
 
 
 def test_warmup_token_counts_follow_the_global_expert_count():
@@ -262,9 +262,9 @@ def test_doctor_plans_a_hinted_call():
     e, h, i, k, g, sch = QWEN_EP8
     kw = dict(scheme=sch, hidden=h, intermediate=i, experts=e, top_k=k, device="cpu", arch="sm_90a", tokens=512)
     hinted = doctor.report(**kw, global_experts=g)
-    assert "tokens_per_tile=32" in hinted["cute_plan"] and "EP hint: 16 of 128 experts" in hinted["cute_plan"]
+    assert "tokens_per_tile=48" in hinted["cute_plan"] and "EP hint: 16 of 128 experts" in hinted["cute_plan"]
     assert hinted["case"]["global_experts"] == 128 and hinted["case"]["tokens"] == 512
-    assert "tokens_per_tile=128" in doctor.report(**kw)["cute_plan"]
+    assert "tokens_per_tile=96" in doctor.report(**kw)["cute_plan"]
     with pytest.raises(ValueError, match="global_num_experts: must be >= expert_offset"):
         doctor.report(**kw, global_experts=8)
 

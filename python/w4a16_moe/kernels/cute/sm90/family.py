@@ -98,8 +98,6 @@ def _pp_down(row_blocks: int, stages: int = 8, b_slots: int = 0, pingpong: int =
 # Extra tile shapes only the tuner and the tuned table select; what each varies and measured:
 # docs/perf/candidates.md (rows of the tuned table name them by candidate_name, not by position).
 EXTRA_TILES = (
-    dict(tokens_per_tile=64, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
-    dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2),
     dict(tokens_per_tile=8, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=16, m64_per_block=2, k_tile=128, stages=8, consumer_wgs=1, min_ctas_per_sm=2),
     dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=6, consumer_wgs=1, schedule="serial"),
@@ -112,6 +110,7 @@ EXTRA_TILES = (
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial"),
     dict(tokens_per_tile=48, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
+    dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=48, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=32, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2),
     dict(tokens_per_tile=64, m64_per_block=4, k_tile=128, stages=3, consumer_wgs=2),
@@ -179,12 +178,24 @@ EXTRA_TILES = (
      "mma_kblocks": 4},
     {**_W2_K64(80), "mma_kblocks": 2, "pdl": True},
     {**_W2_K64(80), "mma_kblocks": 4, "pdl": True},
+    {**_W2_K64(80), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    {**_W2_K64(48), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
      "down_mma_kblocks": 4},
 )
-CANDIDATES = tuple(t for _, t in TILES) + EXTRA_TILES
+#: the rule's tiles before its re-fit (candidates 0-4; the new rule's tiles are candidates among these and
+#: :data:`EXTRA_TILES`, so candidate indices, which the tuner's ``--buckets`` and docs/perf use, stay stable)
+_FIRST_RULE_TILES = (
+    dict(tokens_per_tile=8, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=4),
+    dict(tokens_per_tile=16, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=1, min_ctas_per_sm=3),
+    dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial"),
+    dict(tokens_per_tile=64, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1),
+    dict(tokens_per_tile=128, m64_per_block=4, k_tile=64, stages=3, consumer_wgs=2),
+)
+CANDIDATES = _FIRST_RULE_TILES + EXTRA_TILES
+assert all(t in CANDIDATES for _, t in TILES), "every rule tile must be a candidate"
 #: every candidate by its stable name (what tuned-table rows and ``forced`` use)
 CANDIDATES_BY_NAME = {tuned.candidate_name(t): t for t in CANDIDATES}
 assert len(CANDIDATES_BY_NAME) == len(CANDIDATES), "two candidates share a tile dict"
@@ -371,7 +382,7 @@ def selectable_tiles(scheme: Optional[str] = None) -> list:
     rule = [t for _, t in TILES]
     used = {row.candidate for key, rows in _tuned_table().items() for row in rows
             if row.family == "sm90" and (scheme is None or f"|{scheme}|" in key)}
-    extra = [t for t in EXTRA_TILES if tuned.candidate_name(t) in used and t not in rule]
+    extra = [t for t in CANDIDATES if tuned.candidate_name(t) in used and t not in rule]
     return rule + extra
 
 
