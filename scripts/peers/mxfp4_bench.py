@@ -380,6 +380,9 @@ def run(cfg, args, device='cuda', timer=cuda_graph_timer, humming_factory=None):
     rows = {T: md.make_row(T, cfg['H'], cfg['E_global'], cfg['topk'], gen, device) for T in args.tokens}
     out = {}
     for v in args.variants:
+        if args.deadline and time.time() - t_start > args.deadline:
+            log(f'== {layer_name(cfg, v)}: not measured (deadline {args.deadline:.0f} s reached)')
+            continue
         out[v] = measure_variant(v, layer, rows, cfg, args, device, timer, t_start, humming_factory)
     return out
 
