@@ -282,7 +282,7 @@ def measure_variant(variant, layer, rows, cfg, args, device, timer, t_start, hum
         x, ids, wts = rows[T]
         if mw_ref is None:
             mw_ref = md.project_weights(layer, bias, activation)
-        fl = md.floor_model(ids, cfg['E_local'], cfg['H'], cfg['I'], T, bias)
+        fl = md.floor_model(ids, cfg['E_local'], cfg['H'], cfg['I'], T)
         ref = md.reference(x, ids, wts, mw_ref, activation)
         base = dict(layer=name, tokens=T, floor_eff_us=fl['floor_eff_us'], device=dev_name, revision=rev,
                     dtype='bf16', scheme='mxfp4', activation=activation, bias=bias, variant=variant, date=date,
@@ -377,7 +377,8 @@ def run(cfg, args, device='cuda', timer=cuda_graph_timer, humming_factory=None):
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed)
     layer = md.make_layer(cfg['E_local'], cfg['H'], cfg['I'], gen, device)
-    rows = {T: md.make_row(T, cfg['H'], cfg['E_global'], cfg['topk'], gen, device) for T in args.tokens}
+    rows = md.make_rows(args.tokens, DEFAULT_TOKENS if cfg.get('preset') else (), cfg['H'], cfg['E_global'],
+                        cfg['topk'], gen, device)
     out = {}
     for v in args.variants:
         if args.deadline and time.time() - t_start > args.deadline:

@@ -8,13 +8,16 @@ GEMM output is O(1) -- for K = 2880 the exponents are -8 and -7). Then the biase
 benchmark): ``w13_bias`` [E, 2I] and ``w2_bias`` [E, H] ~ 0.25 N(0, 1) in BF16 (vLLM keeps MoE biases in BF16).
 Every variant of a layer reads the same draws (the 'plain' variant ignores the biases).
 
-Rows, per token count in the order given, as the project's ``make_inputs``: x ~ N(0, 1) in BF16, topk_ids =
-top-k of uniform scores over E_global, topk_weights = softmax of N(0, 1) logits (FP32).
+Rows as the project's ``make_inputs`` / ``benchmark_rows``: x ~ N(0, 1) in BF16, topk_ids = top-k of uniform
+scores over E_global, topk_weights = softmax of N(0, 1) logits (FP32); first one row per token count of the
+layer's default list (1, 4, 16, 64, 256, 1024, 4096 for gpt-oss-120b), in that order, the unrequested ones
+dropped, then the other requested counts in the order given -- so a subset run measures the full run's rows and
+``python -m w4a16_moe bench --preset gpt-oss-120b`` (same draws, biases included) the same data.
 
 The FP32 reference is the project's ``w4a16_moe.reference_moe`` (exact dequantization, FP64 per expert, biases
-after each GEMM, routes combined in top-k order). The floor model is peer_bench.py's / the project's: bytes of the
-distinct local experts hit (codes + E8M0 scales + biases) + T*H*2 bytes in and out at 4.3e12 B/s, flops
-2 * routes * (H*2I + I*H) at 7.9e14 FLOP/s, floor_eff = max(floor, 6 us).
+after each GEMM, routes combined in top-k order). The floor model is the project's (``workloads.floor_us``): bytes of
+the distinct local experts hit (codes + E8M0 scales; biases, 0.1 %, not counted) + T*H*2 bytes in and out at
+4.3e12 B/s, flops 2 * routes * (H*2I + I*H) at 7.9e14 FLOP/s, floor_eff = max(floor, 6 us).
 """
 import math
 
@@ -68,6 +71,20 @@ def make_row(T, H, E_global, topk, gen, device, dtype=torch.bfloat16):
     return x, ids, torch.softmax(logits, dim=1).contiguous()
 
 
+def make_rows(tokens, default_tokens, H, E_global, topk, gen, device, dtype=torch.bfloat16):
+    """{T: row} for ``tokens``: the rows of ``default_tokens`` drawn first in that order (unrequested ones dropped),
+    then the other counts in the order given (the project's benchmark_rows)."""
+    out = {}
+    for t in default_tokens:
+        row = make_row(t, H, E_global, topk, gen, device, dtype)
+        if t in tokens:
+            out[t] = row
+    for t in tokens:
+        if t not in out:
+            out[t] = make_row(t, H, E_global, topk, gen, device, dtype)
+    return out
+
+
 def project_weights(layer, bias, activation):
     """The project's MoEWeights of ``layer`` (with or without its biases) via MoEWeights.from_mxfp4."""
     import w4a16_moe as wm
@@ -91,13 +108,13 @@ def nrmse(out, ref):
     return ((out - ref.float()).norm() / ref.float().norm()).item()
 
 
-def floor_model(ids, E_local, H, I, T, bias):
+def floor_model(ids, E_local, H, I, T):
     flat = ids.reshape(-1).long()
     local = flat[(flat >= 0) & (flat < E_local)]
     n_hit = int(torch.unique(local).numel())
     n_routes = int(local.numel())
     w_elems = 2 * I * H + H * I
-    per_expert = w_elems // 2 + w_elems // 32 + ((2 * I + H) * 2 if bias else 0)
+    per_expert = w_elems // 2 + w_elems // 32
     bytes_ = n_hit * per_expert + T * H * 2 * 2
     flops = 2 * n_routes * (H * 2 * I + I * H)
     t_mem, t_flop = bytes_ / BW, flops / FLOPS

@@ -21,6 +21,7 @@ Humming's Python comes from ``import humming`` or, failing that, the wheel in ~/
 a temporary directory; $PEERS_HUMMING_WHEEL overrides). Without it, step 4 and the humming part of 5 are skipped.
 """
 import contextlib
+import dataclasses
 import glob
 import json
 import os
@@ -281,11 +282,31 @@ def main(args):
                             lay.w2_scales, torch.cat([lay.w13_bias[:, 64:], lay.w13_bias[:, :64]], 1), lay.w2_bias)
     e3 = md.nrmse(dense_loop(x, ids, wts, swapped, True, True), ref)
     check(f'gate catches swapped gate/up halves (NRMSE {e3:.3f})', e3 >= md.NRMSE_GATE)
-    fl = md.floor_model(torch.tensor([[0, 1], [1, 9]], dtype=torch.int32), 4, 2880, 2880, 2, True)
+    from w4a16_moe.bench.layers import build_workload
+    from w4a16_moe.bench.workloads import benchmark_rows, floor_us
+    fids = torch.tensor([[0, 1], [1, 9]], dtype=torch.int32)
+    fl = md.floor_model(fids, 4, 2880, 2880, 2)
     w_el = 3 * 2880 * 2880
-    check('floor model: hit / routes / bytes (codes + E8M0 + biases)', fl['experts_present'] == 2 and
-          fl['local_routes'] == 3 and fl['bytes'] == 2 * (w_el // 2 + w_el // 32 + (2 * 2880 + 2880) * 2) +
-          2 * 2880 * 4 and fl['floor_eff_us'] == max(fl['floor_us'], 6.0), json.dumps(fl))
+    gwl = build_workload(preset='gpt-oss-120b')[0]
+    small = dataclasses.replace(gwl, local_experts=4, global_experts=10)
+    pfl = floor_us(small, md.project_weights(md.make_layer(4, 2880, 2880, torch.Generator().manual_seed(0), dev),
+                                             True, 'swiglu_oai'), 2, fids)
+    check('floor model: hit / routes / bytes (codes + E8M0) == the project benchmark\'s floor_us', fl['experts_present']
+          == 2 and fl['local_routes'] == 3 and fl['bytes'] == 2 * (w_el // 2 + w_el // 32) + 2 * 2880 * 4 and
+          fl['floor_eff_us'] == max(fl['floor_us'], 6.0) and abs(pfl['floor_eff_us'] - fl['floor_eff_us']) < 1e-9 and
+          pfl['bytes'] == fl['bytes'], json.dumps(fl))
+    # the project's bench --preset gpt-oss-120b draws the same layer and rows (biases included)
+    tiny = dataclasses.replace(gwl, local_experts=3, global_experts=5, hidden=64, intermediate=96, top_k=2)
+    g1, g2 = torch.Generator().manual_seed(md.SEED), torch.Generator().manual_seed(md.SEED)
+    pw = make_weights(tiny, g1, dev)
+    prow = benchmark_rows(tiny, [16, 7], g1, dev)
+    ly = md.make_layer(3, 64, 96, g2, dev)
+    rows = md.make_rows([16, 7], tiny.tokens, 64, 5, 2, g2, dev)
+    same_rows = all(torch.equal(rows[t][0], prow[t][0]) and torch.equal(rows[t][1], prow[t][2]) and
+                    torch.equal(rows[t][2], prow[t][1]) for t in (16, 7))
+    check('data: == the project\'s bench --preset gpt-oss-120b (weights, biases, rows of a subset run)',
+          torch.equal(pw.w13.codes, ly.w13_blocks) and torch.equal(pw.w2.scales, ly.w2_scales) and
+          torch.equal(pw.w13_bias, ly.w13_bias) and torch.equal(pw.w2_bias, ly.w2_bias) and same_rows)
 
     # 3. activation expressions and interleaving (humming_mxfp4 imports humming_moe, not humming)
     sys.path.insert(1, mb.peers_bin_dirs()[0]) if mb.peers_bin_dirs() else None
