@@ -85,7 +85,7 @@ export HUMMING_CACHE_DIR=${HUMMING_CACHE_DIR:-/tmp/humming/cache} HUMMING_TMP_DI
 # ---- arguments: outputs into $OUT, deadline from the call's limit
 args=("$@")
 has() { local a; for a in ${args[@]+"${args[@]}"}; do case $a in "$1"|"$1"=*) return 0 ;; esac; done; return 1; }
-has --preset || has --layer || args=(--preset gpt-oss-120b "${args[@]}")
+has --preset || has --layer || args=(--preset gpt-oss-120b ${args[@]+"${args[@]}"})
 has --tokens || args+=(--tokens "$TOKENS")
 OUTDIR=${OUT:-/tmp/mxfp4_out}
 mkdir -p "$OUTDIR"
@@ -99,7 +99,7 @@ LOG=$OUTDIR/mxfp4_bench.log
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader \
   2>/dev/null | sed 's/^/[run_mxfp4] gpu: /'
 say "PYTHONPATH=$PYTHONPATH"
-say "$PY scripts/peers/mxfp4_bench.py ${args[*]}"
+say "$PY scripts/peers/mxfp4_bench.py ${args[*]-}"
 "$PY" scripts/peers/mxfp4_bench.py "${args[@]}" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
 say "mxfp4_bench.py exit $rc after $(( $(date +%s) - START )) s; outputs in $OUTDIR"
