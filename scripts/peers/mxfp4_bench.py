@@ -90,8 +90,12 @@ def import_humming_glue():
 
 
 def revision():
-    if os.environ.get('W4A16_MOE_REVISION'):
-        return os.environ['W4A16_MOE_REVISION']
+    try:
+        from w4a16_moe import settings
+        if settings.get().revision:
+            return settings.get().revision
+    except Exception:  # noqa
+        pass
     try:
         r = subprocess.run(['git', 'rev-parse', '--short=12', 'HEAD'], cwd=ROOT, capture_output=True, text=True,
                            timeout=10)
