@@ -20,12 +20,14 @@
 Humming's Python comes from ``import humming`` or, failing that, the wheel in ~/.cache/w4a16-peers (unzipped into
 a temporary directory; $PEERS_HUMMING_WHEEL overrides). Without it, step 4 and the humming part of 5 are skipped.
 """
+import atexit
 import contextlib
 import dataclasses
 import glob
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -115,6 +117,7 @@ def humming_python():
     if not whl or not os.path.isfile(whl):
         return None, 'no humming package and no humming_kernels-0.1.19 wheel in ~/.cache/w4a16-peers'
     d = tempfile.mkdtemp(prefix='mxfp4_smoke_humming_')
+    atexit.register(shutil.rmtree, d, True)
     with zipfile.ZipFile(whl) as z:
         z.extractall(d, [n for n in z.namelist() if n.startswith('humming/') and not n.startswith('humming/_native')])
     sys.path.insert(0, d)
