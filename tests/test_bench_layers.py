@@ -14,7 +14,7 @@ import torch
 
 from w4a16_moe.bench import merge, records
 from w4a16_moe.bench.layers import LayerArgError, build_workload, parse_layer, parse_tokens
-from w4a16_moe.bench.presets import DEFAULT_TOKENS, PRESETS
+from w4a16_moe.bench.presets import DEFAULT_TOKENS, INT4_PRESETS, PRESETS
 from w4a16_moe.bench.workloads import SEED, WORKLOADS, Workload, benchmark_rows, floor_us, make_weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,8 +117,11 @@ def test_workloads_and_presets_of_w1_w2_are_w1_w2():
 
 # ------------------------------------------------------------------------------------------ presets
 def test_presets_equal_the_peers_tools(peer_bench):
-    assert list(PRESETS) == list(peer_bench.PRESETS)
-    for name, p in PRESETS.items():
+    """The INT4 presets are the peers tool's; the others (gpt-oss-120b, MXFP4) belong to scripts/peers/."""
+    assert list(INT4_PRESETS) == list(peer_bench.PRESETS)
+    assert set(PRESETS) - set(INT4_PRESETS) == {"gpt-oss-120b"}
+    for name in INT4_PRESETS:
+        p = PRESETS[name]
         assert (p.local_experts, p.hidden, p.intermediate, p.top_k, p.global_experts, p.group, p.what) == \
             tuple(peer_bench.PRESETS[name]), name
         assert p.tokens == tuple(peer_bench.DEFAULT_TOKENS)
@@ -131,6 +134,25 @@ def test_presets_equal_the_peers_tools(peer_bench):
         assert build_workload(layer=layer, group=group)[0].name == peer_bench.layer_name(cfg)
     assert (peer_bench.BW, peer_bench.FLOPS, peer_bench.LAUNCH_FLOOR_US, peer_bench.NRMSE_GATE) == \
         (4.3e12, 7.9e14, 6.0, records.NRMSE_LIMIT)
+
+
+def test_gpt_oss_preset_carries_its_scheme_activation_and_biases():
+    """``--preset gpt-oss-120b`` is the MXFP4 gpt-oss layer with biases and swiglu_oai, named as
+    scripts/peers/mxfp4_bench.py names its 'full' variant; --group / --scheme / --activation override it."""
+    wl, tokens = build_workload(preset="gpt-oss-120b")
+    assert (wl.name, wl.scheme, wl.activation, wl.bias) == ("gpt-oss-120b", "mxfp4", "swiglu_oai", True)
+    assert (wl.local_experts, wl.hidden, wl.intermediate, wl.top_k, wl.global_experts) == (128, 2880, 2880, 4, 128)
+    assert tuple(tokens) == (1, 4, 16, 64, 256, 1024, 4096)
+    assert build_workload(preset="gpt-oss-120b", activation="swiglu")[0].name == "gpt-oss-120b-swiglu"
+    assert build_workload(preset="gpt-oss-120b", group=32)[0].name == "gpt-oss-120b-g32"
+    assert build_workload(preset="gpt-oss-120b", scheme="nvfp4")[0].name == "gpt-oss-120b-nvfp4"
+    assert build_workload(preset="glm45-ep8")[0].bias is False
+    small = dataclasses.replace(wl, local_experts=3, global_experts=3, hidden=64, intermediate=96)
+    w = make_weights(small, torch.Generator().manual_seed(SEED), "cpu")
+    assert w.w13_bias.shape == (3, 192) and w.w2_bias.shape == (3, 64) and w.w13_bias.dtype == torch.bfloat16
+    nob = make_weights(dataclasses.replace(small, bias=False), torch.Generator().manual_seed(SEED), "cpu")
+    assert torch.equal(w.w13.codes, nob.w13.codes) and torch.equal(w.w2.scales, nob.w2.scales)  # biases drawn last
+    assert nob.w13_bias is None
 
 
 # ------------------------------------------------------------------------------------------ data generation
@@ -393,4 +415,8 @@ def test_list_presets_prints_what_the_peers_tool_prints(peer_bench, capsys):
     assert peer_bench.main(["--list-presets"]) == 0
     theirs = capsys.readouterr().out
     assert main(["--list-presets"]) == 0
-    assert capsys.readouterr().out == theirs
+    ours = capsys.readouterr().out.splitlines()
+    n = len(INT4_PRESETS)
+    assert "\n".join(ours[:n]) + "\n" == theirs  # the peers tool's presets, as it prints them
+    assert ours[n:] == ["gpt-oss-120b         --layer 128,2880,2880,4 --scheme mxfp4 --activation swiglu_oai +biases"
+                        "   gpt-oss-120b MoE layer, whole (MXFP4, per-expert biases, swiglu_oai)"]

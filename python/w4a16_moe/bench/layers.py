@@ -99,18 +99,22 @@ def _check_multiples(hidden: int, intermediate: int, scheme: str, where: str) ->
 
 def build_workload(*, workload: Optional[str] = None, preset: Optional[str] = None, layer: Optional[str] = None,
                    group: Optional[int] = None, scheme: Optional[str] = None, dtype: str = "bf16",
-                   activation: str = "swiglu") -> tuple:
+                   activation: Optional[str] = None) -> tuple:
     """``(Workload, default token counts)`` for exactly one of ``workload``, ``preset`` or ``layer``.
 
     ``--workload kimi-tp8|deepseek-ep8`` is W1/W2 exactly (its data and rows); so is ``--preset`` of the same
     name with the workload's group and scheme: its default token counts are the peers tool's, and the rows
-    of the workload's token counts are the workload's own (:func:`~.workloads.benchmark_rows`)."""
+    of the workload's token counts are the workload's own (:func:`~.workloads.benchmark_rows`). A preset with
+    its own scheme / activation / biases (``gpt-oss-120b``) takes them unless ``--group`` / ``--scheme`` /
+    ``--activation`` say otherwise; ``activation`` None is the preset's, else ``swiglu``."""
     given = [n for n, v in (("--workload", workload), ("--preset", preset), ("--layer", layer)) if v is not None]
     if len(given) != 1:
         raise LayerArgError("give exactly one of --workload, --preset or --layer" +
                             (f" (got {' and '.join(given)})" if given else ""))
     if dtype not in DTYPES:
         raise LayerArgError(f"--dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    if activation is None:
+        activation = PRESETS[preset].activation if preset in PRESETS else "swiglu"
     if activation not in ACTIVATIONS:
         raise LayerArgError(f"--activation: unknown activation {activation!r}; known: {', '.join(ACTIVATIONS)}")
     if workload is not None:
@@ -128,6 +132,8 @@ def build_workload(*, workload: Optional[str] = None, preset: Optional[str] = No
         if preset not in PRESETS:
             raise LayerArgError(f"--preset: unknown preset {preset!r}; presets: {', '.join(PRESETS)}")
         p = PRESETS[preset]
+        if scheme is None and group is None and p.scheme is not None:
+            scheme = p.scheme
         sch = resolve_scheme(group, scheme, p.group)
         _check_multiples(p.hidden, p.intermediate, sch, "--preset " + preset)
         name = layer_name(preset, p.local_experts, p.hidden, p.intermediate, p.top_k, p.global_experts, sch,
@@ -139,7 +145,7 @@ def build_workload(*, workload: Optional[str] = None, preset: Optional[str] = No
             wl = dataclasses.replace(base, name=name, dtype=dtype, activation=activation)
         else:
             wl = Workload(name, f"{name}: {p.what}, {sch}", p.global_experts, p.local_experts, p.hidden,
-                          p.intermediate, p.top_k, sch, p.tokens, dtype, activation)
+                          p.intermediate, p.top_k, sch, p.tokens, dtype, activation, p.bias)
         return wl, p.tokens
     v = parse_layer(layer)
     sch = resolve_scheme(group, scheme, 128)

@@ -69,6 +69,8 @@ def _dense_bf16(wl: Workload, weights):
     w13, w2 = weights.dequantize()
     w13, w2 = w13.to(dt), w2.to(dt)  # [E, N, K] contiguous: K-major operands
     e = weights.num_experts
+    b13 = None if weights.w13_bias is None else weights.w13_bias.to(dt)
+    b2 = None if weights.w2_bias is None else weights.w2_bias.to(dt)
 
     def run(x, tw, ids):
         t, k = ids.shape
@@ -81,8 +83,13 @@ def _dense_bf16(wl: Workload, weights):
         offs = torch.cumsum(counts[:e], 0, dtype=torch.int32)
         xs = x[order // k]
         h = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)
+        ex = key[order].clamp(max=e - 1)  # each sorted row's expert (rows of invalid routes are dropped below)
+        if b13 is not None:
+            h = h + b13[ex]
         a = apply_activation(h, wl.activation).to(dt)
         y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs).float()
+        if b2 is not None:
+            y = y + b2[ex].float()
         keep = valid.flatten()[order]
         y = torch.where(keep[:, None], y * tw.flatten()[order][:, None], 0.0)  # rows past offs[-1] are unwritten
         out = torch.zeros(t, x.shape[1], dtype=torch.float32, device=x.device)
@@ -197,7 +204,7 @@ def _record(wl: Workload, meta: dict, tokens: int, provider: str, fl: dict, medi
     r = {
         "layer": wl.name, "tokens": tokens, "impl": rec.PROVIDER_IMPL[provider], "median_us": median,
         "floor_eff_us": fl["floor_eff_us"], "nrmse": nrmse, "device": meta["device"], "revision": meta["revision"],
-        "dtype": wl.dtype, "scheme": wl.scheme, "activation": wl.activation, "date": meta["date"],
+        "dtype": wl.dtype, "scheme": wl.scheme, "activation": wl.activation, "bias": wl.bias, "date": meta["date"],
         "source": "w4a16_moe bench", "provider": provider, "workload": wl.name, "samples_us": list(samples),
         "floor_us": fl["floor_us"], "experts_present": fl["experts_present"], "local_routes": fl["local_routes"],
         "layer_shape": {"E": wl.local_experts, "H": wl.hidden, "I": wl.intermediate, "topk": wl.top_k,
@@ -278,8 +285,11 @@ def _list_presets() -> str:
     lines = []
     for n, p in PRESETS.items():
         ep = f",{p.global_experts}" if p.global_experts != p.local_experts else ""
-        lines.append(f"{n:<20} --layer {p.local_experts},{p.hidden},{p.intermediate},{p.top_k}{ep} --group {p.group}"
-                     f"   {p.what}")
+        how = f"--group {p.group}" if p.scheme is None else f"--scheme {p.scheme}"
+        if p.activation != "swiglu":
+            how += f" --activation {p.activation}"
+        lines.append(f"{n:<20} --layer {p.local_experts},{p.hidden},{p.intermediate},{p.top_k}{ep} {how}"
+                     f"{' +biases' if p.bias else ''}   {p.what}")
     return "\n".join(lines)
 
 
@@ -298,7 +308,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="INT4 group size 32|64|128 (default: the preset's or workload's, 128 for --layer)")
     ap.add_argument("--scheme", default=None, help="weight scheme (default int4_g<group>)")
     ap.add_argument("--dtype", default="bf16", help="activation dtype: bf16 (default) or fp16")
-    ap.add_argument("--activation", default="swiglu", help="swiglu (default), geglu, relu2 or silu")
+    ap.add_argument("--activation", default=None, help="swiglu (default; a preset's own, e.g. swiglu_oai for "
+                    "gpt-oss-120b), geglu, swiglu_oai, relu2 or silu")
     ap.add_argument("--providers", default="cute,triton", help=f"comma-separated subset of {','.join(PROVIDERS)}")
     ap.add_argument("--tokens", default=None,
                     help="comma-separated token counts (default: the workload's rows, or the peers tool's "

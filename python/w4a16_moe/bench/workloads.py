@@ -11,6 +11,9 @@ stores x and the INT4 scales in FP16; ``*_zp`` schemes add zero points uniform i
 scales); the FP4 schemes take the same codes (uniform E2M1) with scales chosen so that the weights have the
 RMS of the INT4 ones (NVFP4: E4M3 scales ``(0.75 + 0.5 u) * 256`` and a per-row global scale; MXFP4:
 E8M0 exponents rounding ``log2`` of the INT4 scale). Non-gated activations draw ``w13`` with ``I`` rows.
+Layers with per-expert biases (``bias``, the ``gpt-oss-120b`` preset) then draw ``w13_bias`` ``[E, 2I|I]`` and
+``w2_bias`` ``[E, H]`` as ``0.25 * N(0, 1)`` in BF16, after all the weights (``scripts/peers/mxfp4_data.py`` draws
+the same layer).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ LAUNCH_FLOOR_US = 6.0  # one graph-replayed launch chain costs a few microsecond
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # RMS of INT4 values (code - 8, codes uniform 0..15) over the RMS of E2M1 values (codes uniform)
 _FP4_RMS_RATIO = math.sqrt(21.5 / 8.5625)
+BIAS_STD = 0.25
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class Workload:
     tokens: tuple
     dtype: str = "bf16"
     activation: str = "swiglu"
+    bias: bool = False
 
     @property
     def gated(self) -> bool:
@@ -98,7 +103,11 @@ def make_weights(wl: Workload, gen: torch.Generator, device="cuda") -> MoEWeight
     n13 = 2 * wl.intermediate if wl.gated else wl.intermediate
     w13 = _matrix(gen, wl.scheme, wl.local_experts, n13, wl.hidden, device, wl.torch_dtype)
     w2 = _matrix(gen, wl.scheme, wl.local_experts, wl.hidden, wl.intermediate, device, wl.torch_dtype)
-    return MoEWeights(get_scheme(wl.scheme), w13, w2, wl.gated)
+    b13 = b2 = None
+    if wl.bias:
+        b13 = (torch.randn(wl.local_experts, n13, generator=gen, device=device) * BIAS_STD).to(torch.bfloat16)
+        b2 = (torch.randn(wl.local_experts, wl.hidden, generator=gen, device=device) * BIAS_STD).to(torch.bfloat16)
+    return MoEWeights(get_scheme(wl.scheme), w13, w2, wl.gated, b13, b2)
 
 
 def make_inputs(wl: Workload, tokens: int, gen: torch.Generator, device="cuda"):
