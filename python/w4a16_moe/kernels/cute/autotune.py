@@ -302,7 +302,8 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
         part = Budget(budget.left() / (len(finalizes) - n), clock) if budget.left() > 0 else None
         if part is None:
             break
-        calls = {t: MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name)
+        calls = {t: MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name,
+                            has_bias=weights.has_bias)
                  for t in todo}
         data: dict = {}
 
@@ -357,7 +358,7 @@ def _drop_unused_layouts(weights, before: set, info, dtype, activation: str, top
         for t in grid:
             for ro in (False, True):
                 call = MoECall(t, top_k, weights.hidden_size, weights.intermediate_size, weights.num_experts, dtype,
-                               weights.device, act, fin, 0, weights.scheme.name, ro)
+                               weights.device, act, fin, 0, weights.scheme.name, ro, weights.has_bias)
                 p, _ = provider._plan_cached(call, info)
                 if p is not None:
                     fam = provider.registry.get(p.family)
