@@ -234,15 +234,26 @@ def test_fused_accumulator_starts_from_the_weighted_local_biases():
 # ----------------------------------------------------------------------------------------------------------
 # CPU: the kernels compile (sm_90a; one portable warp-MMA kernel)
 # ----------------------------------------------------------------------------------------------------------
-def test_bias_swiglu_oai_kernels_compile_for_sm90():
+def test_bias_swiglu_oai_kernels_compile_for_sm90(tmp_path):
+    """The bias kernels read the FP32 bias rows with 16-byte read-only loads (``LDG.E.128.CONSTANT``: the plain
+    MXFP4 kernels have none), the clamped activation has its min / max (``FMNMX``); no local memory."""
     pytest.importorskip("cutlass")
+    import re
+
     from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
     from w4a16_moe.kernels.cute.warp.grouped_gemm import WarpW4A16GroupedGemm
+    from w4a16_moe.loader import sass, toolchain
 
     up, down = _configs(fam, OAI_CUSTOM, "deterministic", True)
     assert up.bias and down.bias and up.epi == "h" and down.epi == "y"
-    Sm90W4A16GroupedGemm(up).compile("sm_90a")
-    Sm90W4A16GroupedGemm(down).compile("sm_90a")
+    toolchain.preload_dsl_runtime()
+    for name, cfg in (("up", up), ("down", down)):
+        Sm90W4A16GroupedGemm(cfg).compile("sm_90a").export_to_c(str(tmp_path), name, function_prefix=name)
+        (cubin,) = sass.extract_cubins((tmp_path / f"{name}.o").read_bytes())
+        text = sass.disassemble(cubin.data)
+        ops = sass.opcode_counts(text)
+        assert re.search(r"\bLDG\.E\.128\.CONSTANT\b", text), name
+        assert bool(ops["FMNMX"]) == (name == "up") and not ops["LDL"] and not ops["STL"], name
     wup, _ = _configs(warp_fam, OAI, "deterministic", True)
     WarpW4A16GroupedGemm(wup, "sm_90a").compile("sm_90a")
     bad = fam.kernel_config(mode="down", epilogue="atomic_f32", bias=True)

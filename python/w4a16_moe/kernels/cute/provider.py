@@ -29,6 +29,16 @@ static description, the device, the settings and the selection overrides) and ex
 Weights are permuted once per (family, tile shape, dtype) into the family's fragment-ready layout
 (:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors.
 
+gpt-oss experts (per-expert biases, ``swiglu_oai`` with any ``alpha`` / ``limit``) run on the grouped families;
+the decode kernels decline them (their ``can_implement``), so small calls take the grouped GEMMs. The configs
+of a biased layer have ``bias=True``: the gate/up kernel adds ``w13_bias`` before the activation, the
+deterministic (and masked) down kernel adds ``w2_bias`` before rounding ``y``; both read an FP32 bias table
+``[E, rows]`` (padded, un-interleaved gate/up order, converted once and cached on the bias tensor:
+:func:`_bias`) from the launch ABI's ``topk_weights`` slot, which only the ``atomic_f32`` epilogue reads. The
+fused finalize starts its FP32 accumulator from ``sum_j topk_weights[t, j] * w2_bias[ids[t, j] - offset]``
+over the token's local routes (:func:`_fused_acc`) instead of zeros. A layer with one bias only reads a zero
+table for the other.
+
 Any ``H`` and ``I`` that are multiples of 64 and of the scheme's group run: a plan whose tiles do not divide
 them runs the kernels on padded sizes ``Plan.pad = (Hp, Ip)`` (zero-padded weights packed once, x copied
 into a zero-padded buffer, outputs through padded buffers; :mod:`.padding`). Aligned layers run exactly as

@@ -66,10 +66,12 @@ class KernelFamily(Protocol):
 
     def can_implement(self, call) -> Optional[str]:
         """None when the family's kernels cover ``call`` (a :class:`~w4a16_moe.validate.MoECall` or
-        ``MaskedCall``: shapes, dtype, activation), else why not. Needs no ``cutlass``."""
+        ``MaskedCall``: shapes, dtype, activation, layer features such as biases: :func:`shape_reason`), else
+        why not. Needs no ``cutlass``."""
 
     def configs(self, scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict) -> tuple:
-        """``(gate_up, down)`` kernel configs of one call with ``tiles`` (family-specific knobs)."""
+        """``(gate_up, down)`` kernel configs of one call with ``tiles`` (family-specific knobs); the grouped
+        families also take ``bias=`` (the call's ``has_bias``), which a family without biases never sees."""
 
     def spec_for(self, cfg):
         """The :class:`~w4a16_moe.loader.KernelSpec` of a config."""

@@ -51,6 +51,10 @@ Modes (static):
 * ``down``: B rows ``h[slot]``. Epilogue ``y``: ``y[sorted_routes[slot], :]`` in x's dtype (a
   deterministic finalize pass reads it); ``atomic_f32``: ``out[token, :] += topk_weight * y`` with
   ``red.global.add.v4.f32`` into an FP32 ``out`` (fused finalize, order-nondeterministic).
+* ``bias`` (static, gate_up and down ``y``): the CTA's expert's FP32 bias row (the table ``[E, n]`` in the
+  ``topk_weights`` slot) is added to the accumulators before the activation / rounding
+  (:mod:`..common.epilogue`); ``swiglu_oai`` (static ``alpha`` / ``limit`` from the activation name) is one
+  more gated activation.
 
 Every size is a runtime ``Int32``: one compiled kernel serves every token count and every ``E/N/K``
 with ``N % (64*X) == 0`` (``(N/2) % (32*X) == 0`` for gated gate_up) and ``K % BK == 0``.
