@@ -8,7 +8,8 @@ the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the t
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
 (``--decode-knobs``, the tuner's), and the persistent decode grids the decode GPU tests force, and the
 gpt-oss kernels (biases, ``swiglu_oai``) tests/test_cute_gpt_oss.py and tests/test_triton_provider.py select
-beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`). With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`). With ``--keep-objects`` the exported
+objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
@@ -31,8 +32,8 @@ from w4a16_moe.kernels.cute.sm90 import family as fam  # noqa: E402
 #: index of ``sm90.family.TILES``); every one with and without biases, both finalize modes
 GPT_OSS_TESTS = (
     # tests/test_cute_gpt_oss.py's matrix (33 tokens x top-4 over 8 experts: 17 routes per expert)
-    (("mxfp4", "int4_g32", "int4_g128_zp"), ("bf16", "fp16"), ("swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"),
-     2),
+    (("mxfp4", "int4_g32", "int4_g128_zp"), ("bf16", "fp16"),
+     ("swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"), 2),
     # tests/test_triton_provider.py::test_gpu_bias_oai_cuda_graph_and_compile (auto: now CuTe; up to 16 tokens)
     (("mxfp4",), ("bf16",), ("swiglu_oai(alpha=1.5,limit=2.0)",), 0),
 )

@@ -99,7 +99,8 @@ def test_feature_reasons_per_family():
     plain = _oss_call(4, activation="swiglu", bias=False)
     assert registry.feature_reason(plain) is None
     assert registry.feature_reason(call) == "biases (w13_bias/w2_bias) are not supported by this CuTe family's kernels"
-    assert registry.feature_reason(call, bias=True) == "activation swiglu_oai is not supported by this CuTe family's kernels"
+    assert (registry.feature_reason(call, bias=True)
+            == "activation swiglu_oai is not supported by this CuTe family's kernels")
     assert registry.feature_reason(call, bias=True, swiglu_oai=True) is None
     for name in ("sm90", "warp"):
         assert registry.get(name).can_implement(call) is None
@@ -199,7 +200,8 @@ def test_bias_tables_are_padded_un_interleaved_fp32_and_cached():
     pad = (256, 256)
     b13 = provider._bias(w, "w13", pad)
     assert b13.dtype == torch.float32 and b13.shape == (e, 512)
-    assert torch.equal(b13[:, :i], w.w13_bias[:, :i].float()) and torch.equal(b13[:, 256 : 256 + i], w.w13_bias[:, i:].float())
+    assert torch.equal(b13[:, :i], w.w13_bias[:, :i].float())
+    assert torch.equal(b13[:, 256 : 256 + i], w.w13_bias[:, i:].float())
     assert not b13[:, i:256].any() and not b13[:, 256 + i :].any()  # padded rows: bias 0
     b2 = provider._bias(w, "w2", pad)
     assert b2.shape == (e, 256) and torch.equal(b2[:, :128], w.w2_bias.float()) and not b2[:, 128:].any()
