@@ -34,6 +34,8 @@ GPT_OSS_TESTS = (
     # tests/test_cute_gpt_oss.py's matrix (33 tokens x top-4 over 8 experts: 17 routes per expert)
     (("mxfp4", "int4_g32", "int4_g128_zp"), ("bf16", "fp16"),
      ("swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"), 2),
+    # tests/test_cute_gpt_oss.py::test_gpu_bias_non_gated
+    (("int4_g128",), ("bf16",), ("relu2", "silu"), 2),
     # tests/test_triton_provider.py::test_gpu_bias_oai_cuda_graph_and_compile (auto: now CuTe; up to 16 tokens)
     (("mxfp4",), ("bf16",), ("swiglu_oai(alpha=1.5,limit=2.0)",), 0),
 )

@@ -278,14 +278,15 @@ def _biased(w, which, dtype, scale):
 
 
 def _scales(activation) -> tuple:
-    """(x scale, bias scale): plain swiglu at unit scale, swiglu_oai where its clamps bite."""
-    return (1.0, 0.5) if activation == "swiglu" else (OAI_X_SCALE, OAI_B_SCALE)
+    """(x scale, bias scale): swiglu_oai where its clamps bite, the others at unit scale."""
+    return (OAI_X_SCALE, OAI_B_SCALE) if get_activation(activation).kind == "swiglu_oai" else (1.0, 0.5)
 
 
-def _oss_weights(scheme, e, h, i, *, which="both", activation=OAI, dtype=torch.bfloat16, bias_dtype=None, seed=0):
-    w = random_weights(scheme, e, h, i, dtype=dtype, device="cuda", seed=seed)
+def _oss_weights(scheme, e, h, i, *, which="both", activation=OAI, dtype=torch.bfloat16, bias_dtype=None,
+                 bias_scale=None, seed=0):
+    w = random_weights(scheme, e, h, i, activation=activation, dtype=dtype, device="cuda", seed=seed)
     bdt = bias_dtype or (torch.bfloat16 if dtype == torch.bfloat16 else torch.float32)
-    return _biased(w, which, bdt, _scales(activation)[1]) if which else w
+    return _biased(w, which, bdt, bias_scale or _scales(activation)[1]) if which else w
 
 
 def _run(w, t, k, *, activation=OAI, finalize="deterministic", dtype=torch.bfloat16, offset=0, num_global=None,
@@ -328,6 +329,16 @@ def test_gpu_bias_and_activation_matrix(scheme, dtype, finalize, bias, activatio
     if finalize == "deterministic":
         assert torch.equal(wm.fused_moe(x, w, tw, ids, activation=activation, backend="cute"), out)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")
+@pytest.mark.parametrize("activation", ["relu2", "silu"])
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_gpu_bias_non_gated(activation, finalize):
+    """Non-gated gate/up kernels add the ``[E, I]`` w13 bias before the activation."""
+    w = _oss_weights("int4_g128", 8, 512, 256, activation=activation, bias_scale=2.0, seed=12)
+    _run(w, 33, 4, activation=activation, finalize=finalize, seed=12)
 
 
 @pytest.mark.gpu
