@@ -187,6 +187,48 @@ def test_full_subset_holds_what_gpt_oss_plans_select(_kernels_anywhere):
             assert set(provider.plan(_oss_call(tokens), info).specs) <= warp_full
 
 
+def test_device_specs_hold_what_the_gpu_tests_select(_kernels_anywhere, monkeypatch):
+    """The GPU machine runs with JIT off: every kernel the GPU tests below (and the Triton suite's biased
+    ``backend="auto"`` test) select must be in ``scripts/device_specs.py``'s set."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from device_specs import device_specs
+
+    dev = {s.name for s in device_specs()}
+    bf, f16 = torch.bfloat16, torch.float16
+
+    def call(t, act, fin, *, scheme="mxfp4", dtype=bf, bias=True, e=8, h=512, i=256):
+        return MoECall(t, 4, h, i, e, dtype, torch.device("cuda"), get_activation(act), fin, 0, scheme, False, bias)
+
+    calls = []
+    for fin in ("deterministic", "fused"):
+        for scheme in ("mxfp4", "int4_g32", "int4_g128_zp"):
+            for dtype in (bf, f16):
+                for act in ("swiglu", OAI, OAI_CUSTOM):
+                    calls.append(call(33, act, fin, scheme=scheme, dtype=dtype))  # the matrix (and EP: same plan)
+        calls += [call(33, a, fin, scheme="int4_g128", bias=True) for a in ("relu2", "silu")]
+        calls += [call(33, a, fin, bias=False) for a in (OAI, OAI_CUSTOM, "swiglu")]
+        calls += [call(t, OAI, fin, e=16, h=2880, i=2880) for t in (1, 8, 64, 512)]
+        calls += [call(t, OAI, fin) for t in range(1, 65)]  # warmup + CUDA graph
+        calls += [call(t, OAI_CUSTOM, fin) for t in range(1, 17)]  # the Triton suite's auto test
+    for c in calls:
+        p = provider.plan(c, H200)
+        assert p.family == "sm90" and set(p.specs) <= dev, (c, p.specs)
+    for cand, splits in ((0, 3), (len(fam.TILES) - 1, 2)):  # split-K
+        with fam.forced(cand, splits):
+            for fin in ("deterministic", "fused"):
+                assert set(provider.plan(call(37, OAI, fin, h=1024, i=512), H200).specs) <= dev
+    for dtype in (bf, f16):  # masked, capacity 24
+        m = MaskedCall(8, 24, 512, 256, dtype, torch.device("cuda"), get_activation(OAI), "mxfp4", True)
+        assert set(provider.plan(m, H200).specs) <= dev
+    monkeypatch.setenv("W4A16_MOE_CUTE_FAMILY", "warp")
+    for fin in ("deterministic", "fused"):
+        p = provider.plan(call(33, OAI, fin), H200)
+        assert p.family == "warp" and set(p.specs) <= dev
+
+
 # ----------------------------------------------------------------------------------------------------------
 # CPU: the bias tables the kernels read, and the fused finalize's accumulator
 # ----------------------------------------------------------------------------------------------------------
