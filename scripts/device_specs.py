@@ -6,8 +6,10 @@
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
 the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
-(``--decode-knobs``, the tuner's), and the persistent decode grids the decode GPU tests force (their K splits
-need no specs of their own). With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+(``--decode-knobs``, the tuner's), the persistent decode grids the decode GPU tests force (their K splits
+need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``) tests/test_cute_gpt_oss.py and
+tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`).
+With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
@@ -26,6 +28,18 @@ from w4a16_moe.kernels.cute.decode import family as dec  # noqa: E402
 from w4a16_moe.kernels.cute.sm90 import family as fam  # noqa: E402
 
 
+#: gpt-oss kernels the GPU tests select beyond the ``full`` subset: (schemes, dtypes, activations, rule bucket
+#: index of ``sm90.family.TILES``); every one with and without biases, both finalize modes
+GPT_OSS_TESTS = (
+    # tests/test_cute_gpt_oss.py's matrix (33 tokens x top-4 over 8 experts: 17 routes per expert)
+    (("mxfp4", "int4_g32", "int4_g128_zp"), ("bf16", "fp16"),
+     ("swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"), 2),
+    # tests/test_cute_gpt_oss.py::test_gpu_bias_non_gated
+    (("int4_g128",), ("bf16",), ("relu2", "silu"), 2),
+    # tests/test_triton_provider.py::test_gpu_bias_oai_cuda_graph_and_compile (auto: now CuTe; up to 16 tokens)
+    (("mxfp4",), ("bf16",), ("swiglu_oai(alpha=1.5,limit=2.0)",), 0),
+)
+
 #: knob sets the decode GPU tests force (``PERSISTENT``, the bit-identity tests and the K-split tests of
 #: tests/test_cute_decode.py; the K-split tests force ``s<N>`` on these same sets, and a split is a launch
 #: parameter that adds no spec: ``s3`` below stands for every split)
@@ -39,6 +53,9 @@ def device_specs(decode_knobs=()) -> list:
                         (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
                               finalizes=fins, tiles=fam.CANDIDATES)
+    for names, dts, acts, bucket in GPT_OSS_TESTS:
+        specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,
+                              tiles=[fam.TILES[bucket][1]], biases=(False, True))
     # the persistent decode grids tests/test_cute_decode.py forces, for every scheme, dtype and activation
     specs += dec.variants(knobs=[dec.knob_items(k) for k in TEST_DECODE_KNOBS])
     knobs = [dec.knob_items(k) for k in decode_knobs]

@@ -129,10 +129,10 @@ def test_selection_is_logged(call, caplog):
 
 
 # ------------------------------------------------------------------------------------------------
-# gpt-oss features the CuTe kernels do not implement yet: refused with the reason, auto falls back
+# gpt-oss features (per-expert biases, swiglu_oai): the grouped CuTe families run them, the decode kernels not
 # ------------------------------------------------------------------------------------------------
-_BIAS_WHY = "biases (w13_bias/w2_bias) are not supported by the CuTe kernels yet"
-_OAI_WHY = "activation swiglu_oai is not supported by the CuTe kernels yet"
+_BIAS_WHY = "biases (w13_bias/w2_bias) are not supported by this CuTe family's kernels"
+_OAI_WHY = "activation swiglu_oai is not supported by this CuTe family's kernels"
 
 
 def _gpt_oss_call(bias: bool, activation: str, masked: bool = False):
@@ -155,17 +155,23 @@ def _gpt_oss_call(bias: bool, activation: str, masked: bool = False):
     (True, "swiglu", _BIAS_WHY), (False, "swiglu_oai", _OAI_WHY),
     (False, "swiglu_oai(alpha=1.5,limit=3.0)", _OAI_WHY), (True, "swiglu_oai", _BIAS_WHY)])
 @pytest.mark.parametrize("info", [SM80, SM90, SM100])
-def test_cute_refuses_biases_and_swiglu_oai(info, bias, activation, why, masked):
-    import re
+def test_cute_runs_biases_and_swiglu_oai_on_the_grouped_families(info, bias, activation, why, masked, monkeypatch):
+    from w4a16_moe.kernels.cute import provider, registry
 
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    provider.clear_plans()
     call = _gpt_oss_call(bias, activation, masked)
     assert call.has_bias == bias
-    assert providers.cute_unavailable_reason(call, info) == why
+    assert providers.cute_unavailable_reason(call, info) is None
     d = providers.select_provider(call, "auto", info)
-    assert d.provider == "triton" and d.rejected["cute"] == why
-    op = "fused_moe_masked" if masked else "fused_moe"
-    with pytest.raises(wm.ProviderUnavailable, match=re.escape(f"backend='cute' cannot run {op}: {why}")):
-        providers.select_provider(call, "cute", info)
+    assert d.provider == "cute", d
+    p = d.plan
+    assert p.family == ("sm90" if info is SM90 else "warp") and not p.decode
+    up, down = p.configs
+    assert up.activation == call.activation.name and up.bias == bias and down.bias == bias  # masked: "y"
+    if not masked:  # the decode kernels decline, with the reason (masked calls: they take routed calls only)
+        assert registry.get("decode").can_implement(call) == why
+    provider.clear_plans()
 
 
 def test_cute_reason_without_gpt_oss_features_is_not_theirs():

@@ -813,7 +813,7 @@ def test_gpu_bias_oai_cuda_graph_and_compile(finalize):
                dtype=torch.bfloat16, scale=OAI_B_SCALE)
     x, tw, ids = make_inputs(16, hidden, top_k, experts, dtype=torch.bfloat16)
     x = x * OAI_X_SCALE
-    kw = dict(activation=OAI_CUSTOM, finalize=finalize, backend="auto")  # auto: CuTe refuses, Triton runs
+    kw = dict(activation=OAI_CUSTOM, finalize=finalize, backend="auto")  # auto: CuTe on SM90, else Triton
     wm.warmup(w, activation=OAI_CUSTOM, top_k=top_k, max_tokens=16, finalize=finalize)
     out = torch.empty_like(x)
     graph = torch.cuda.CUDAGraph()

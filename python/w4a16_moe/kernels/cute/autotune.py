@@ -329,7 +329,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
         if part is None:
             break
         calls = {t: MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name,
-                            global_experts=global_experts) for t in todo}
+                            has_bias=weights.has_bias, global_experts=global_experts) for t in todo}
         data: dict = {}
 
         def case(t):
@@ -384,7 +384,8 @@ def _drop_unused_layouts(weights, before: set, info, dtype, activation: str, top
         for t in grid:
             for ro in (False, True):
                 call = MoECall(t, top_k, weights.hidden_size, weights.intermediate_size, weights.num_experts, dtype,
-                               weights.device, act, fin, 0, weights.scheme.name, ro, global_experts=global_experts)
+                               weights.device, act, fin, 0, weights.scheme.name, ro, weights.has_bias,
+                               global_experts=global_experts)
                 p, _ = provider._plan_cached(call, info)
                 if p is not None:
                     fam = provider.registry.get(p.family)

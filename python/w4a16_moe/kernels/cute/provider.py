@@ -31,6 +31,16 @@ static description, the device, the settings and the selection overrides) and ex
 Weights are permuted once per (family, tile shape, dtype) into the family's fragment-ready layout
 (:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors.
 
+gpt-oss experts (per-expert biases, ``swiglu_oai`` with any ``alpha`` / ``limit``) run on the grouped families;
+the decode kernels decline them (their ``can_implement``), so small calls take the grouped GEMMs. The configs
+of a biased layer have ``bias=True``: the gate/up kernel adds ``w13_bias`` before the activation, the
+deterministic (and masked) down kernel adds ``w2_bias`` before rounding ``y``; both read an FP32 bias table
+``[E, rows]`` (padded, un-interleaved gate/up order, converted once and cached on the bias tensor:
+:func:`_bias`) from the launch ABI's ``topk_weights`` slot, which only the ``atomic_f32`` epilogue reads. The
+fused finalize starts its FP32 accumulator from ``sum_j topk_weights[t, j] * w2_bias[ids[t, j] - offset]``
+over the token's local routes (:func:`_fused_acc`) instead of zeros. A layer with one bias only reads a zero
+table for the other.
+
 Any ``H`` and ``I`` that are multiples of 64 and of the scheme's group run: a plan whose tiles do not divide
 them runs the kernels on padded sizes ``Plan.pad = (Hp, Ip)`` (zero-padded weights packed once, x copied
 into a zero-padded buffer, outputs through padded buffers; :mod:`.padding`). Aligned layers run exactly as
@@ -158,7 +168,10 @@ def _grouped_choice(base: KernelFamily, call, dt: str, gpu: str) -> tuple:
     another family where its tuned table measured that faster (the plan then names that family)."""
     name, tiles, splits = base.choose(call.tokens, call.top_k, call.experts, call.hidden, call.intermediate,
                                       call.scheme, dt, gpu, call.global_experts)
-    return registry.get(name), tiles, splits
+    fam = registry.get(name)
+    if fam is not base and fam.can_implement(call) is not None:  # the chosen family lacks a feature
+        return base, base.select_tiles(call.tokens * call.top_k, call.experts, call.top_k, call.global_experts), None
+    return fam, tiles, splits
 
 
 def _module(fam: KernelFamily):
@@ -193,7 +206,7 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         why = _kernels_available(_arch(base, info))
         if why:
             return None, why
-        up, down = base.configs(sch, dt, act.name, act.gated, "deterministic", tiles)
+        up, down = base.configs(sch, dt, act.name, act.gated, "deterministic", tiles, bias=call.has_bias)
         hp, ip, n13 = _padded(base, up, down, call, sch)
         r = e * call.capacity
         max_tiles = e * -(-call.capacity // up.tokens_per_tile)
@@ -249,7 +262,7 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     act = call.activation
     e = call.experts
     r = call.tokens * call.top_k
-    up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles)
+    up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles, bias=call.has_bias)
     hp, ip, n13 = _padded(fam, up, down, call, sch)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
     if call.finalize == "deterministic" and batch_invariant():
@@ -388,6 +401,73 @@ def _packed(family: KernelFamily, weights, which: str, cfg, dtype: torch.dtype, 
     return weights.packed_for(*_layout(family, weights, which, cfg, dtype, pad))
 
 
+def _bias_slot(weights, which: str, pad: tuple) -> tuple:
+    """``(anchor tensor, cache key)`` of the kernels' FP32 bias table of ``which`` ("w13" / "w2") at plan
+    padding ``pad``: cached on the bias tensor itself (so it follows the tensor through re-wrapped weights);
+    a layer with only the other bias gets a zero table, cached on that one."""
+    hp, ip = pad or (weights.hidden_size, weights.intermediate_size)
+    rows = (2 * ip if weights.gated else ip) if which == "w13" else hp
+    own = weights.w13_bias if which == "w13" else weights.w2_bias
+    if own is not None:
+        return own, f"cute-bias:{rows}"
+    return (weights.w2_bias if which == "w13" else weights.w13_bias), f"cute-bias:zeros-{which}:{rows}"
+
+
+def _bias(weights, which: str, pad: tuple = ()) -> torch.Tensor:
+    """The FP32 bias table ``[E, rows]`` the kernels read for ``which`` (converted and padded once, cached):
+    w13: the padded, un-interleaved row order of the packed gate/up matrix (gate rows ``[0, I)`` at ``[0, I)``,
+    up rows at ``[Ip, Ip + I)``; non-gated ``[0, I)``), w2: ``[0, H)``; padded rows are 0."""
+    from ...formats.weights import layout_cache
+
+    anchor, key = _bias_slot(weights, which, pad)
+    cache = layout_cache(anchor)
+    hit = cache.get(key)
+    if hit is None:
+        rows = int(key.rpartition(":")[2])
+        e = weights.num_experts
+        hit = torch.zeros(e, rows, dtype=torch.float32, device=anchor.device)
+        own = weights.w13_bias if which == "w13" else weights.w2_bias
+        if own is not None:
+            b = own.float()
+            if which == "w13" and weights.gated:
+                i = weights.intermediate_size
+                hit[:, :i] = b[:, :i]
+                hit[:, rows // 2 : rows // 2 + i] = b[:, i:]
+            else:
+                hit[:, : b.shape[1]] = b
+        cache[key] = hit
+    return hit
+
+
+def _biases_of(weights, cfgs) -> list:
+    """The bias tables (``"w13"`` / ``"w2"``) a launch of the (gate_up, down) configs ``cfgs`` reads: the
+    configs' own, and the fused finalize's w2 biases (its accumulator starts from them)."""
+    up, down = cfgs
+    need = ["w13"] if getattr(up, "bias", False) else []
+    if getattr(down, "bias", False) or (weights.w2_bias is not None and getattr(down, "epi", "") == "atomic_f32"):
+        need.append("w2")
+    return need
+
+
+def _fused_acc(weights, topk_weights, ids, expert_offset: int, width: int, pad: tuple) -> torch.Tensor:
+    """The fused finalize's FP32 accumulator ``[T, width]``: zeros, or with a w2 bias
+    ``sum_j topk_weights[t, j] * w2_bias[ids[t, j] - expert_offset]`` over the token's local routes (plain
+    torch ops, no host synchronization: capturable)."""
+    tokens, top_k = ids.shape
+    if weights.w2_bias is None:
+        return torch.zeros(tokens, width, dtype=torch.float32, device=ids.device)
+    b2 = _bias(weights, "w2", pad)
+    e = weights.num_experts
+    local = ids.long() - expert_offset
+    valid = (local >= 0) & (local < e)
+    wv = torch.where(valid, topk_weights, 0.0)
+    idx = torch.where(valid, local, 0)
+    acc = b2[idx[:, 0]] * wv[:, :1]
+    for j in range(1, top_k):
+        acc.addcmul_(b2[idx[:, j]], wv[:, j : j + 1])
+    return acc
+
+
 def _kernel(family: KernelFamily, arch: str, cfg):
     return _kernel_cached(family, arch, cfg)
 
@@ -440,7 +520,7 @@ def _launcher_cached(family, arch: str, cfg):
 
 
 def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype, pad: tuple = ()) -> None:
-    """Refuse a first use (kernel module load or weight packing) inside CUDA-graph capture."""
+    """Refuse a first use (kernel module load, weight packing, bias conversion) inside CUDA-graph capture."""
     if not torch.cuda.is_current_stream_capturing():
         return
     from ...formats.weights import layout_cache
@@ -449,6 +529,10 @@ def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype, pad: t
     cold = [c.name() for c in cfgs if not is_loaded(family.spec_for(c), arch)]
     layouts = layout_cache(weights.w13.codes)
     unpacked = [w for c, w in zip(cfgs, ("w13", "w2")) if _layout(family, weights, w, c, dtype, pad)[0] not in layouts]
+    for which in _biases_of(weights, cfgs):
+        anchor, key = _bias_slot(weights, which, pad)
+        if key not in layout_cache(anchor):
+            unpacked.append(f"{which}_bias")
     if cold or unpacked:
         raise RuntimeError(
             "fused_moe (provider cute): first use inside CUDA-graph capture (kernels not loaded yet: "
@@ -487,7 +571,9 @@ def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     routes = prepare_routes(ids, weights.num_experts, expert_offset, up.tokens_per_tile, zeroed=p.counters)
     hp, ip, n13 = _sizes(p, weights)
     hbuf = torch.empty(r, ip, dtype=x.dtype, device=x.device)
-    _launch(family, p.arch, up, p13, pad_cols(x, hp), hbuf, routes, topk_weights, weights.num_experts, n13,
+    # (gate/up kernels never read topk_weights: with biases its slot carries the w13 bias table)
+    tw_slot = _bias(weights, "w13", p.pad) if up.bias else topk_weights
+    _launch(family, p.arch, up, p13, pad_cols(x, hp), hbuf, routes, tw_slot, weights.num_experts, n13,
             hp, r, top_k, p.max_tiles, p.splits[0])
     return family, hbuf, routes, p2
 
@@ -603,14 +689,16 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
     if call.finalize == "deterministic":
         # y [R, Hp]: the finalize reads its first H columns through the row stride
         y = torch.empty(r, hp, dtype=x.dtype, device=x.device)
-        _launch(family, p.arch, down, p2, hbuf, y, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
+        # (the y epilogue never reads topk_weights: with biases its slot carries the w2 bias table)
+        tw_slot = _bias(weights, "w2", p.pad) if down.bias else tw
+        _launch(family, p.arch, down, p2, hbuf, y, routes, tw_slot, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
         if hp == h:
             finalize = _routing()[2]
         else:  # the CuTe finalize reads a dense [R, H] buffer; the Triton one reads y through its row stride
             from ..routing.finalize import launch_finalize as finalize
         finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
     else:
-        acc = torch.zeros(tokens, hp, dtype=torch.float32, device=x.device)
+        acc = _fused_acc(weights, tw, ids, call.expert_offset, hp, p.pad)  # zeros, or the weighted w2 biases
         _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
         out.copy_(acc if hp == h else acc[:, :h])
 
@@ -647,11 +735,11 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     dst = out if obuf is None else obuf
     routes = prepare_masked_routes(masked_m.contiguous(), cap, up.tokens_per_tile, dst, zeroed=p.counters)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
-    dummy_w = routes.route_start  # read only by the atomic epilogue
-    _launch(family, p.arch, up, p13, pad_cols(x, hp).view(r, hp), hbuf, routes, dummy_w, e, n13, hp, r, 1,
-            p.max_tiles, p.splits[0])
-    _launch(family, p.arch, down, p2, hbuf, dst.view(r, hp), routes, dummy_w, e, hp, i, r, 1, p.max_tiles,
-            p.splits[1])
+    dummy_w = routes.route_start  # read only by the atomic epilogue (the slot carries the biases, if any)
+    _launch(family, p.arch, up, p13, pad_cols(x, hp).view(r, hp), hbuf, routes,
+            _bias(weights, "w13", p.pad) if up.bias else dummy_w, e, n13, hp, r, 1, p.max_tiles, p.splits[0])
+    _launch(family, p.arch, down, p2, hbuf, dst.view(r, hp), routes,
+            _bias(weights, "w2", p.pad) if down.bias else dummy_w, e, hp, i, r, 1, p.max_tiles, p.splits[1])
     if obuf is not None:
         out.copy_(obuf[..., :h])
 
@@ -673,8 +761,9 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
     family, hbuf, routes, p2 = _gate_up(p, x.contiguous(), weights, ids, dummy_w, expert_offset=0)
     hp, ip, _ = _sizes(p, weights)
     ybuf = y if hp == h else torch.empty(tokens, top_k, hp, dtype=x.dtype, device=x.device)
-    _launch(family, p.arch, p.configs[1], p2, hbuf, ybuf.view(r, hp), routes, dummy_w, e, hp, ip, r, top_k,
-            p.max_tiles, p.splits[1])
+    down = p.configs[1]
+    _launch(family, p.arch, down, p2, hbuf, ybuf.view(r, hp), routes,
+            _bias(weights, "w2", p.pad) if down.bias else dummy_w, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
     if ybuf is not y:
         y.copy_(ybuf[..., :h])
     return y, valid
@@ -708,7 +797,7 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
             # the call's own plan, and the grouped GEMMs' plan of the same shape (expert-parallel halves)
             for routes_only in ((False, True) if fin == "deterministic" else (False,)):
                 call = MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name,
-                               routes_only, global_experts=global_experts)
+                               routes_only, weights.has_bias, global_experts=global_experts)
                 p, why = _plan_cached(call, info)
                 if p is None:
                     raise RuntimeError(f"provider cute: {why}")
@@ -721,6 +810,8 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
                     seen.add((p.family, cfg, p.pad))
                     _packed(family, weights, which, cfg, dtype, p.pad)
                     _kernel(family, p.arch, cfg).ensure_loaded()
+                for which in _biases_of(weights, p.configs):  # the kernels' FP32 bias tables
+                    _bias(weights, which, p.pad)
                     if cfg.name() not in names:
                         names.append(cfg.name())
     if settings.get().routing == "cute":  # the CuTe route preparation / finalize kernels of this layer

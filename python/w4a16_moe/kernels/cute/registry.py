@@ -66,10 +66,12 @@ class KernelFamily(Protocol):
 
     def can_implement(self, call) -> Optional[str]:
         """None when the family's kernels cover ``call`` (a :class:`~w4a16_moe.validate.MoECall` or
-        ``MaskedCall``: shapes, dtype, activation), else why not. Needs no ``cutlass``."""
+        ``MaskedCall``: shapes, dtype, activation, layer features such as biases: :func:`shape_reason`), else
+        why not. Needs no ``cutlass``."""
 
     def configs(self, scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict) -> tuple:
-        """``(gate_up, down)`` kernel configs of one call with ``tiles`` (family-specific knobs)."""
+        """``(gate_up, down)`` kernel configs of one call with ``tiles`` (family-specific knobs); the grouped
+        families also take ``bias=`` (the call's ``has_bias``), which a family without biases never sees."""
 
     def spec_for(self, cfg):
         """The :class:`~w4a16_moe.loader.KernelSpec` of a config."""
@@ -123,22 +125,24 @@ def by_spec_family(spec_family: str) -> Optional[KernelFamily]:
     return None
 
 
-def feature_reason(call) -> Optional[str]:
-    """Layer features no CuTe kernel implements yet (None when ``call`` uses none of them)."""
-    if getattr(call, "has_bias", False):
-        return "biases (w13_bias/w2_bias) are not supported by the CuTe kernels yet"
-    if call.activation.kind == "swiglu_oai":
-        return "activation swiglu_oai is not supported by the CuTe kernels yet"
+def feature_reason(call, *, bias: bool = False, swiglu_oai: bool = False) -> Optional[str]:
+    """The layer features of ``call`` a family does not implement (None when it uses none of them): per-expert
+    biases (unless ``bias``), the gpt-oss activation ``swiglu_oai`` (unless ``swiglu_oai``). Each family's
+    ``can_implement`` says what it supports (the grouped families both, the decode kernels neither)."""
+    if getattr(call, "has_bias", False) and not bias:
+        return "biases (w13_bias/w2_bias) are not supported by this CuTe family's kernels"
+    if call.activation.kind == "swiglu_oai" and not swiglu_oai:
+        return "activation swiglu_oai is not supported by this CuTe family's kernels"
     return None
 
 
-def shape_reason(call) -> Optional[str]:
-    """The feature, shape and dtype rules every CuTe family shares (None when ``call`` meets them): H and I
-    multiples of 64 and of the scheme's group size (the provider pads other sizes up to the kernels'
-    tiles, :mod:`.padding`)."""
+def shape_reason(call, *, bias: bool = False, swiglu_oai: bool = False) -> Optional[str]:
+    """The feature, shape and dtype rules of a family (None when ``call`` meets them): the features of
+    :func:`feature_reason` (``bias`` / ``swiglu_oai``: the family implements them), H and I multiples of 64
+    and of the scheme's group size (the provider pads other sizes up to the kernels' tiles, :mod:`.padding`)."""
     import torch
 
-    why = feature_reason(call)
+    why = feature_reason(call, bias=bias, swiglu_oai=swiglu_oai)
     if why:
         return why
 

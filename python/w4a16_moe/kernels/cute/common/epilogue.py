@@ -9,8 +9,16 @@ the accumulator writes conflict free):
    alone goes on (``is_last``);
 2. :func:`finish_store`: 8 output columns per item: :func:`gather8` (the staging row, or the fixed-order
    sum ``0..S-1`` of every split's partial: bit-identical whatever the arrival order; NVFP4 global scales),
-   :func:`act` (gate and up columns ``j`` and ``cols / 2 + j`` of a staging row), then :func:`store8`
-   (16-byte stores of h / y) or FP32 reductions into ``out`` (``atomic_f32``, scaled by the route's weight).
+   the expert's FP32 bias (``EpilogueShape.bias``: :func:`add_bias8`), :func:`act` (gate and up columns ``j``
+   and ``cols / 2 + j`` of a staging row), then :func:`store8` (16-byte stores of h / y) or FP32 reductions
+   into ``out`` (``atomic_f32``, scaled by the route's weight).
+
+Biases (``bias``: gate_up and the down GEMM's ``y`` epilogue): ``bias_base`` is the FP32 row ``[n]`` of the
+CTA's expert (gate/up: the padded, un-interleaved ``[gate rows | up rows]`` order, so a CTA's row block ``nb``
+reads gate rows ``nb * cols_out + j`` and up rows ``n / 2 + nb * cols_out + j``; down: rows ``nb * cols + j``).
+The kernels receive the bias table ``[E, n]`` in the ``topk_weights`` slot of the launch ABI, which only
+``atomic_f32`` reads (and that epilogue takes no bias: the provider starts its accumulator from the weighted
+biases).
 
 The static shape of a kernel's epilogue is one :class:`EpilogueShape`; the threads that share it
 synchronize with ``bar.sync 0`` (``bar_id`` None) or a named barrier.
@@ -26,7 +34,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 
 from . import ptx
 
-__all__ = ["EpilogueShape", "act", "cta_sync", "publish_split", "finish_store", "gather8", "store8"]
+__all__ = ["EpilogueShape", "act", "cta_sync", "publish_split", "finish_store", "gather8", "store8", "add_bias8"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class EpilogueShape:
     is_bf16: bool
     vec_red: bool = True  # atomic_f32 with red.global.add.v4.f32 (sm_90+), else scalar reductions
     global_scale: bool = False  # NVFP4: FP32 per-row global scales multiply the accumulators
+    bias: bool = False  # add the expert's FP32 bias row (gate_up, down "y") before the activation / rounding
 
     @property
     def rs(self) -> int:
@@ -60,10 +69,25 @@ class EpilogueShape:
         return self.tokens * self.cols
 
 
+def _oai(activation: str) -> tuple:
+    """``(alpha * log2(e), limit)`` of a ``swiglu_oai`` activation name (trace time)."""
+    from .codes import act_params
+
+    alpha, limit = act_params(activation)
+    return alpha * 1.4426950408889634, limit
+
+
 @cute.jit
 def act(activation: cutlass.Constexpr, gate, up):
-    """The fused activation in FP32: ``act(gate) * up`` (swiglu, geglu) or ``act(gate)`` (relu2, silu)."""
-    if const_expr(activation == "swiglu"):
+    """The fused activation in FP32: ``act(gate) * up`` (swiglu, geglu), ``act(gate)`` (relu2, silu), or gpt-oss's
+    ``swiglu_oai``: ``g = min(gate, limit)``, ``u = clamp(up, -limit, limit)``, ``g * sigmoid(alpha g) * (u + 1)``
+    (``alpha`` and ``limit`` static, from the activation name)."""
+    if const_expr(activation.startswith("swiglu_oai")):
+        a2, lim = _oai(activation)
+        g = cutlass.min(gate, Float32(lim))
+        u = cutlass.max(cutlass.min(up, Float32(lim)), Float32(-lim))
+        return g * cute.arch.rcp_approx(1.0 + cute.arch.exp2(g * Float32(-a2))) * (u + 1.0)
+    elif const_expr(activation == "swiglu"):
         return gate * cute.arch.rcp_approx(1.0 + cute.arch.exp2(gate * -1.4426950408889634)) * up
     elif const_expr(activation == "geglu"):
         return 0.5 * gate * (1.0 + cute.math.erf(gate * 0.7071067811865476)) * up
@@ -160,11 +184,25 @@ def store8(addr, vals, is_bf16: cutlass.Constexpr):
 
 
 @cute.jit
+def add_bias8(res, bias_base, row):
+    """``res[q] += bias[row + q]`` for ``q < 8``: two 16-byte read-only loads of the FP32 bias row at global
+    ``bias_base`` (``row`` a multiple of 8)."""
+    addr = bias_base + Int64(row) * 4
+    a = ptx.ld_global_nc_v4(addr)
+    b = ptx.ld_global_nc_v4(addr + 16)
+    for q in cutlass.range_constexpr(4):
+        res[q] = res[q] + ptx.i32_as_f32(a[q])
+        res[4 + q] = res[4 + q] + ptx.i32_as_f32(b[q])
+
+
+@cute.jit
 def finish_store(shape: cutlass.Constexpr, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes,
-                 topk_weights, num_routes, top_k, n, nb, gs_base):
+                 topk_weights, num_routes, top_k, n, nb, gs_base, bias_base):
     """The last split's (or the only) tile to ``out``: 8 output columns per item, items ``tid, tid + threads,
     ...`` over the tile's ``count`` routes (slots ``slot0 ..``). ``h``: ``out[slot, :]``; ``y``:
-    ``out[sorted_routes[slot], :]``; ``atomic_f32``: ``out[token, :] += topk_weights[route] * y`` (FP32)."""
+    ``out[sorted_routes[slot], :]``; ``atomic_f32``: ``out[token, :] += topk_weights[route] * y`` (FP32).
+    ``shape.bias``: the expert's FP32 bias row at global ``bias_base`` (``[n]``, see the module docstring) is
+    added first."""
     TN, nthr = shape.tokens, shape.threads
     cols_out = shape.cols_out
     vpo = cols_out // 8
@@ -177,8 +215,12 @@ def finish_store(shape: cutlass.Constexpr, tid, stg_addr, ws_base, num_splits, c
         vv = idx % vpo
         if i < count:
             gather8(shape, r_a, stg_addr, ws_base, num_splits, i, vv * 8, gs_base)
+            if const_expr(shape.bias):
+                add_bias8(r_a, bias_base, nb * cols_out + vv * 8)
             if const_expr(shape.gated):
                 gather8(shape, r_b, stg_addr, ws_base, num_splits, i, cols_out + vv * 8, gs_base)
+                if const_expr(shape.bias):
+                    add_bias8(r_b, bias_base, n // 2 + nb * cols_out + vv * 8)
                 vals = [act(shape.activation, r_a[q], r_b[q]) for q in range(8)]
             elif const_expr(shape.mode == "gate_up"):
                 vals = [act(shape.activation, r_a[q], r_a[q]) for q in range(8)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.codes import is_gated, resolve_epilogue
+from ..common.codes import act_tag, is_gated, resolve_epilogue
 
 __all__ = ["Sm90GemmConfig", "check_setmaxnreg"]
 
@@ -35,7 +35,10 @@ class Sm90GemmConfig:
     tokens_per_tile: int = 32  # TN: WGMMA N, multiple of 8 in [8, 256]
     k_tile: int = 128  # BK: K per pipeline stage, multiple of 64
     stages: int = 4
-    activation: str = "swiglu"  # gate_up only
+    activation: str = "swiglu"  # gate_up only: a canonical activation name ("swiglu_oai(alpha=A,limit=L)" too)
+    # per-expert FP32 bias added in the epilogue (gate_up: w13 bias before the activation; down: the "y"
+    # epilogue only), read from the launch ABI's topk_weights slot (see common.epilogue)
+    bias: bool = False
     zero_point: bool = False
     fp4: bool = False  # E2M1 codes (NVFP4 / MXFP4; scales pre-multiplied at pack time, see pack.py)
     epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
@@ -72,7 +75,8 @@ class Sm90GemmConfig:
 
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)
-        act = ("_" + self.activation) if self.mode == "gate_up" else ""
+        act = ("_" + act_tag(self.activation)) if self.mode == "gate_up" else ""
+        act += "_bias" if self.bias else ""
         zp = ("zp" if self.zero_point else "") + ("f4" if self.fp4 else "")
         sch = ("" if self.schedule == "overlap" else "_ser") + ("_mr" if self.setmaxnreg else "")
         sch += f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else ""

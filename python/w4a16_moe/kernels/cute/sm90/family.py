@@ -227,18 +227,21 @@ def select_tiles(num_routes: int, num_experts: int, top_k: Optional[int] = None,
 group_param = tiles_rule.group_param
 
 
-def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
-    """(gate_up, down) :class:`Sm90GemmConfig` of one call."""
-    return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())))
+def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
+    """(gate_up, down) :class:`Sm90GemmConfig` of one call; ``bias``: the layer has per-expert biases (the
+    gate/up kernel adds the w13 bias, the deterministic down kernel the w2 bias; the fused finalize's
+    accumulator starts from the weighted w2 biases, so its ``atomic_f32`` kernel is the one without)."""
+    return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())), bias)
 
 
 @functools.lru_cache(maxsize=4096)
-def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
+def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = {k: v for k, v in tiles_items if not k.startswith("down_")}
     down_tiles = dict(tiles, **{k[5:]: v for k, v in tiles_items if k.startswith("down_")})
     base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
-    up = kernel_config(mode="gate_up", activation=activation, **base, **tiles)
-    down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **base,
+    up = kernel_config(mode="gate_up", activation=activation, bias=bias, **base, **tiles)
+    det = finalize == "deterministic"
+    down = kernel_config(mode="down", epilogue="y" if det else "atomic_f32", bias=bias and det, **base,
                          **down_tiles)
     return up, down
 
@@ -388,9 +391,11 @@ def selectable_tiles(scheme: Optional[str] = None) -> list:
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
-             tiles: Optional[Iterable[dict]] = None) -> list:
+             tiles: Optional[Iterable[dict]] = None, biases=(False,)) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme, each with the tile
-    shapes of :func:`selectable_tiles` for it)."""
+    shapes of :func:`selectable_tiles` for it), activations (canonical names) and bias settings."""
+    from ..common.codes import is_gated
+
     from ....formats.schemes import SCHEMES
 
     if schemes is None:
@@ -401,22 +406,39 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
             for t in (list(tiles) if tiles is not None else selectable_tiles(sch.name)):
                 for act in activations:
                     for fin in finalizes:
-                        gated = act in ("swiglu", "geglu")
-                        for cfg in gemm_configs(sch, dt, act, gated, fin, t):
-                            spec = spec_for(cfg)
-                            if spec not in seen:
-                                seen.add(spec)
-                                out.append(spec)
+                        for bias in biases:
+                            for cfg in gemm_configs(sch, dt, act, is_gated("gate_up", act), fin, t, bias):
+                                spec = spec_for(cfg)
+                                if spec not in seen:
+                                    seen.add(spec)
+                                    out.append(spec)
     return out
+
+
+#: the gpt-oss experts (MXFP4 weights, BF16 activations, per-expert biases, ``swiglu_oai``) the ``full`` subset
+#: covers beyond :func:`variants`' defaults: their kernels with and without biases, SwiGLU with biases
+GPT_OSS = dict(scheme="mxfp4", dtypes=("bf16",), activations=("swiglu", "swiglu_oai"), biases=(False, True))
+
+
+def gpt_oss_variants() -> list:
+    """The specs :data:`GPT_OSS` layers can select (every selectable tile shape, both finalize modes)."""
+    from ....formats.schemes import get_scheme
+
+    g = GPT_OSS
+    return variants(schemes=[get_scheme(g["scheme"])], dtypes=g["dtypes"], activations=g["activations"],
+                    biases=g["biases"])
 
 
 def aot_variants(subset: str) -> list:
     """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every selectable tile shape;
-    ``"full"``: every variant the provider can select (:func:`variants`)."""
+    ``"full"``: every variant the provider can select (:func:`variants`) plus the gpt-oss experts'
+    (:func:`gpt_oss_variants`)."""
     from ....formats.schemes import get_scheme
 
     if subset == "full":
-        return variants()
+        base = variants()
+        seen = set(base)
+        return base + [s for s in gpt_oss_variants() if s not in seen]
     if subset == "smoke":
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
@@ -455,10 +477,10 @@ class Sm90Family:
     def can_implement(self, call) -> Optional[str]:
         from ..registry import shape_reason
 
-        return shape_reason(call)
+        return shape_reason(call, bias=True, swiglu_oai=True)  # biases and swiglu_oai (any alpha / limit)
 
-    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
-        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles, bias=False):
+        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles, bias)
 
     def select_tiles(self, num_routes, num_experts, top_k=None, global_experts=None) -> dict:
         return select_tiles(num_routes, num_experts, top_k, global_experts)

@@ -51,6 +51,10 @@ Modes (static):
 * ``down``: B rows ``h[slot]``. Epilogue ``y``: ``y[sorted_routes[slot], :]`` in x's dtype (a
   deterministic finalize pass reads it); ``atomic_f32``: ``out[token, :] += topk_weight * y`` with
   ``red.global.add.v4.f32`` into an FP32 ``out`` (fused finalize, order-nondeterministic).
+* ``bias`` (static, gate_up and down ``y``): the CTA's expert's FP32 bias row (the table ``[E, n]`` in the
+  ``topk_weights`` slot) is added to the accumulators before the activation / rounding
+  (:mod:`..common.epilogue`); ``swiglu_oai`` (static ``alpha`` / ``limit`` from the activation name) is one
+  more gated activation.
 
 Every size is a runtime ``Int32``: one compiled kernel serves every token count and every ``E/N/K``
 with ``N % (64*X) == 0`` (``(N/2) % (32*X) == 0`` for gated gate_up) and ``K % BK == 0``.
@@ -102,7 +106,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from ..common import ptx
-from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_epilogue, check_mode_dtype
+from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_bias, check_epilogue, check_mode_dtype
 from ..common.dequant import e2m1_pair
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
 from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
@@ -121,7 +125,8 @@ class Sm90W4A16GroupedGemm:
     ``__call__(w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
     num_experts, n, k, num_routes, top_k, max_tiles, num_splits, stream)``: raw pointers + ``Int32``
     sizes. ``w`` packed weights (uint8); ``act`` B source (x for gate_up, h for down); ``out`` h / y
-    / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (read by ``atomic_f32`` only); ``ws`` FP32 and
+    / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (read by ``atomic_f32`` only; with ``cfg.bias`` the FP32
+    bias table ``[E, n]`` instead, :mod:`..common.epilogue`); ``ws`` FP32 and
     ``counters`` int32 split-K scratch (read only when ``num_splits > 1``); ``n`` weight rows of the
     matrix (2I / I / H); ``k`` the reduction size; ``num_routes`` the route capacity (``T*top_k``).
     """
@@ -154,6 +159,7 @@ class Sm90W4A16GroupedGemm:
         epi = c.epi
         check_epilogue(c.mode, epi)
         check_activation(c.mode, c.activation)
+        check_bias(c.mode, epi, c.bias)
         g = c.group
         if g and not (c.k_tile % g == 0 or g % c.k_tile == 0):
             raise ValueError("group and k_tile: one must divide the other")
@@ -210,7 +216,7 @@ class Sm90W4A16GroupedGemm:
         self.magic = INT4_MAGIC[c.dtype]
         self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
         self.epi_shape = EpilogueShape(tokens=self.TN, cols=self.cols, threads=self.nepi, mode=c.mode, epi=epi,
-                                       activation=c.activation, gated=c.gated, is_bf16=self.is_bf16)
+                                       activation=c.activation, gated=c.gated, is_bf16=self.is_bf16, bias=c.bias)
 
     # ------------------------------------------------------------------------------------------
     def fake_args(self) -> list:
@@ -758,5 +764,9 @@ class Sm90W4A16GroupedGemm:
 
         # (C) finish: 8 output columns per item
         if is_last != 0:
+            bias_base = Int64(0)
+            if const_expr(self.cfg.bias):
+                # the bias table [E, n] rides in the topk_weights slot; the CTA's expert is misc word 0
+                bias_base = topk_weights.toint() + Int64(ptx.ld_shared_b32(misc_addr)) * Int64(n) * 4
             finish_store(self.epi_shape, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
-                         num_routes, top_k, n, nb, None)
+                         num_routes, top_k, n, nb, None, bias_base)

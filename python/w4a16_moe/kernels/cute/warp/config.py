@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.codes import is_gated, resolve_epilogue
+from ..common.codes import act_tag, is_gated, resolve_epilogue
 
 __all__ = ["WarpGemmConfig", "KINDS", "e2m1_prmt_tables"]
 
@@ -53,7 +53,10 @@ class WarpGemmConfig:
     tokens_per_tile: int = 8  # TN: tokens per tile, multiple of 8 in [8, 128]
     k_tile: int = 128  # BK: K per pipeline stage, multiple of 64
     stages: int = 4
-    activation: str = "swiglu"  # gate_up only
+    activation: str = "swiglu"  # gate_up only: a canonical activation name ("swiglu_oai(alpha=A,limit=L)" too)
+    # per-expert FP32 bias added in the epilogue (gate_up: w13 bias before the activation; down: the "y"
+    # epilogue only), read from the launch ABI's topk_weights slot (see common.epilogue)
+    bias: bool = False
     epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
     evict_first: bool = True  # L2 evict-first cache hint on the streamed weights
     min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that this many CTAs fit on an SM
@@ -87,7 +90,8 @@ class WarpGemmConfig:
 
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)
-        act = ("_" + self.activation) if self.mode == "gate_up" else ""
+        act = ("_" + act_tag(self.activation)) if self.mode == "gate_up" else ""
+        act += "_bias" if self.bias else ""
         zp = "zp" if self.zero_point else ""
         kind = "" if self.kind == "int4" else f"_{self.kind}"
         extra = ("" if self.evict_first else "_noef") + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")

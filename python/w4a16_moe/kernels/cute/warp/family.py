@@ -80,17 +80,19 @@ def select_tiles(num_routes: int, num_experts: int, top_k: Optional[int] = None,
 group_param = tiles_rule.group_param
 
 
-def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict):
-    """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused)."""
-    return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())))
+def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
+    """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused;
+    ``bias``: per-expert biases, as in the SM90 family's ``gemm_configs``)."""
+    return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())), bias)
 
 
 @functools.lru_cache(maxsize=4096)
-def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items):
+def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = dict(tiles_items)
     common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
-    up = kernel_config(mode="gate_up", activation=activation, **common)
-    down = kernel_config(mode="down", epilogue="y" if finalize == "deterministic" else "atomic_f32", **common)
+    up = kernel_config(mode="gate_up", activation=activation, bias=bias, **common)
+    det = finalize == "deterministic"
+    down = kernel_config(mode="down", epilogue="y" if det else "atomic_f32", bias=bias and det, **common)
     if up.gated != gated:
         raise ValueError(f"activation {activation!r} and gated={gated} disagree")
     return up, down
@@ -116,9 +118,11 @@ def max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
-             tiles: Optional[Iterable[dict]] = None) -> list:
-    """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4)."""
+             tiles: Optional[Iterable[dict]] = None, biases=(False,)) -> list:
+    """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4),
+    activations (canonical names) and bias settings."""
     from ....formats.schemes import SCHEMES
+    from ..common.codes import is_gated
 
     if schemes is None:
         schemes = list(SCHEMES.values())
@@ -129,22 +133,29 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
             for t in tiles:
                 for act in activations:
                     for fin in finalizes:
-                        gated = act in ("swiglu", "geglu")
-                        for cfg in gemm_configs(sch, dt, act, gated, fin, t):
-                            spec = spec_for(cfg)
-                            if spec not in seen:
-                                seen.add(spec)
-                                out.append(spec)
+                        for bias in biases:
+                            for cfg in gemm_configs(sch, dt, act, is_gated("gate_up", act), fin, t, bias):
+                                spec = spec_for(cfg)
+                                if spec not in seen:
+                                    seen.add(spec)
+                                    out.append(spec)
     return out
 
 
 def aot_variants(subset: str) -> list:
     """Specs of an AOT subset: ``"smoke"`` (int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every
-    bucket: 16 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation, finalize, bucket)."""
+    bucket: 16 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation, finalize, bucket,
+    plus the gpt-oss experts' kernels: the SM90 family's :data:`~..sm90.family.GPT_OSS` set on every bucket)."""
     from ....formats.schemes import get_scheme
+    from ..sm90.family import GPT_OSS
 
     if subset == "full":
-        return variants()
+        base = variants()
+        seen = set(base)
+        g = GPT_OSS
+        oss = variants(schemes=[get_scheme(g["scheme"])], dtypes=g["dtypes"], activations=g["activations"],
+                       biases=g["biases"])
+        return base + [s for s in oss if s not in seen]
     if subset == "smoke":
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
@@ -183,10 +194,10 @@ class WarpFamily:
     def can_implement(self, call) -> Optional[str]:
         from ..registry import shape_reason
 
-        return shape_reason(call)
+        return shape_reason(call, bias=True, swiglu_oai=True)  # biases and swiglu_oai (any alpha / limit)
 
-    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
-        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles)
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles, bias=False):
+        return gemm_configs(scheme, dtype, activation, gated, finalize, tiles, bias)
 
     def select_tiles(self, num_routes, num_experts, top_k=None, global_experts=None) -> dict:
         return select_tiles(num_routes, num_experts, top_k, global_experts)

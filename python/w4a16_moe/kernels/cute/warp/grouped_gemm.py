@@ -104,8 +104,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
 
 from ..common import ptx
-from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_epilogue,
-                            check_mode_dtype)
+from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_bias,
+                            check_epilogue, check_mode_dtype)
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
 from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
 from .config import WarpGemmConfig, e2m1_prmt_tables
@@ -146,7 +146,8 @@ class WarpW4A16GroupedGemm:
     ``__call__(w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
     num_experts, n, k, num_routes, top_k, max_tiles, num_splits, stream)``: exactly the SM90 kernel's
     parameters. ``w`` packed weights (uint8, :func:`.pack.pack_warp`); ``act`` B source (x for gate_up,
-    h for down); ``out`` h / y / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (``atomic_f32`` only); ``ws``
+    h for down); ``out`` h / y / FP32 out; ``topk_weights`` FP32 ``[T*top_k]`` (``atomic_f32`` only; with
+    ``cfg.bias`` the FP32 bias table ``[E, n]``, :mod:`..common.epilogue`); ``ws``
     FP32 / ``counters`` int32 split-K scratch (read only when ``num_splits > 1``); ``n`` weight rows (2I / I /
     H); ``k`` the reduction size; ``num_routes`` the route capacity (``T*top_k``).
     """
@@ -171,6 +172,7 @@ class WarpW4A16GroupedGemm:
         epi = c.epi
         check_epilogue(c.mode, epi)
         check_activation(c.mode, c.activation)
+        check_bias(c.mode, epi, c.bias)
         if (32 * c.warps) % (c.k_tile // 8):
             raise ValueError("32 * warps must be a multiple of k_tile / 8 (activation copy mapping)")
         if c.stages < 2:
@@ -208,7 +210,7 @@ class WarpW4A16GroupedGemm:
         self.epi_shape = EpilogueShape(tokens=self.TN, cols=self.cols, threads=self.T, mode=self.cfg.mode,
                                        epi=self.cfg.epi, activation=self.cfg.activation, gated=self.cfg.gated,
                                        is_bf16=self.is_bf16, vec_red=arch_major(arch) >= 90,
-                                       global_scale=self.cfg.kind == "nvfp4")
+                                       global_scale=self.cfg.kind == "nvfp4", bias=self.cfg.bias)
         self._check_smem(arch)
 
     def _check_smem(self, arch: str) -> None:
@@ -526,5 +528,8 @@ class WarpW4A16GroupedGemm:
             if const_expr(cfg.kind == "nvfp4"):
                 chunks = Int64(num_experts) * Int64(nb_count) * Int64(k // self.BK) * self.chunk
                 gs_base = w.toint() + chunks + (Int64(e) * Int64(n) + Int64(nb * self.cols)) * 4
+            bias_base = Int64(0)
+            if const_expr(cfg.bias):  # the bias table [E, n] rides in the topk_weights slot
+                bias_base = topk_weights.toint() + Int64(e) * Int64(n) * 4
             finish_store(self.epi_shape, tidx, buf, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
-                         num_routes, top_k, n, nb, gs_base)
+                         num_routes, top_k, n, nb, gs_base, bias_base)
