@@ -47,6 +47,37 @@ TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528", "w4u8s3/
                      "w4u8c396s3/w4u4c528s3")
 
 
+def _gpt_oss_test_plans() -> list:
+    """The kernels of the gpt-oss GPU tests' calls whose token counts take the warp-MMA rule buckets (their
+    CUDA-graph test warms up 1..64 tokens; the Triton suite's biased auto test runs up to 16 tokens), as the
+    provider plans them on an H200 (kernel availability not checked)."""
+    import torch
+
+    from w4a16_moe.activations import get_activation, swiglu_oai
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.validate import MoECall
+
+    h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+    real = provider._kernels_available
+    provider._kernels_available = lambda arch: None
+    out = []
+    try:
+        for fin in ("deterministic", "fused"):
+            for act in ("swiglu_oai", swiglu_oai(alpha=1.5, limit=2.0).name):
+                for e, h, i, tokens in ((8, 512, 256, range(1, 65)), (16, 2880, 2880, (1, 8, 64, 512))):
+                    for t in tokens:
+                        c = MoECall(t, 4, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation(act), fin,
+                                    0, "mxfp4", False, True)
+                        p = provider.plan(c, h200)
+                        fam_ = provider.registry.get(p.family)
+                        out += [fam_.spec_for(cfg) for cfg in p.configs]
+    finally:
+        provider._kernels_available = real
+        provider.clear_plans()
+    return out
+
+
 def device_specs(decode_knobs=()) -> list:
     specs = list(subset_specs("full", "sm_90a"))
     for names, fins in ((("int4_g32", "nvfp4"), ("deterministic", "fused")),
@@ -56,6 +87,7 @@ def device_specs(decode_knobs=()) -> list:
     for names, dts, acts, bucket in GPT_OSS_TESTS:
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,
                               tiles=[fam.TILES[bucket][1]], biases=(False, True))
+    specs += _gpt_oss_test_plans()
     # the persistent decode grids tests/test_cute_decode.py forces, for every scheme, dtype and activation
     specs += dec.variants(knobs=[dec.knob_items(k) for k in TEST_DECODE_KNOBS])
     knobs = [dec.knob_items(k) for k in decode_knobs]

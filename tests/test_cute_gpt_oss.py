@@ -51,16 +51,23 @@ def _oss_call(tokens, finalize="deterministic", activation=OAI, bias=True, e=128
                    finalize, 0, "mxfp4", routes_only, bias)
 
 
+def _rule_family(tokens, top_k, experts):
+    return fam.rule_choice(tokens * top_k, experts)[0]
+
+
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 @pytest.mark.parametrize("activation", [OAI, OAI_CUSTOM])
-def test_gpt_oss_plans_go_to_the_sm90_family(_kernels_anywhere, finalize, activation):
+def test_gpt_oss_plans_go_to_the_grouped_families(_kernels_anywhere, finalize, activation):
     for tokens in (1, 2, 8, 64, 512, 4096):
         call = _oss_call(tokens, finalize, activation)
         assert provider.unavailable_reason(call, H200) is None
         p = provider.plan(call, H200)
-        assert p.provider == "cute" and p.family == "sm90" and not p.decode, (tokens, p.describe())
+        # the rule's grouped family (warp-MMA tiles for the smallest buckets, else SM90), never decode
+        assert p.provider == "cute" and p.family == _rule_family(tokens, 4, 128) and not p.decode, \
+            (tokens, p.describe())
         up, down = p.configs
-        assert up.activation == get_activation(activation).name and up.bias and up.fp4 and up.group == 32
+        fp4 = up.fp4 if p.family == "sm90" else up.kind == "mxfp4"
+        assert up.activation == get_activation(activation).name and up.bias and fp4 and up.group == 32
         assert down.bias == (finalize == "deterministic")  # fused: the accumulator starts from the biases
         assert down.epi == ("y" if finalize == "deterministic" else "atomic_f32")
         assert p.pad and p.pad[0] >= 2880 and p.pad[1] >= 2880
@@ -69,7 +76,7 @@ def test_gpt_oss_plans_go_to_the_sm90_family(_kernels_anywhere, finalize, activa
     assert provider.plan(_oss_call(1, finalize, "swiglu", bias=False), H200).decode
     # the expert-parallel first half and the masked layout
     ro = provider.plan(_oss_call(64, "deterministic", activation, routes_only=True), H200)
-    assert ro.family == "sm90" and ro.configs[0].bias and ro.configs[1].bias
+    assert ro.family == _rule_family(64, 4, 128) and ro.configs[0].bias and ro.configs[1].bias
     masked = MaskedCall(128, 64, 2880, 2880, torch.bfloat16, torch.device("cuda"), get_activation(activation),
                         "mxfp4", True)
     mp = provider.plan(masked, H200)
@@ -215,8 +222,8 @@ def test_device_specs_hold_what_the_gpu_tests_select(_kernels_anywhere, monkeypa
         calls += [call(t, OAI_CUSTOM, fin) for t in range(1, 17)]  # the Triton suite's auto test
     for c in calls:
         p = provider.plan(c, H200)
-        assert p.family == "sm90" and set(p.specs) <= dev, (c, p.specs)
-    for cand, splits in ((0, 3), (len(fam.TILES) - 1, 2)):  # split-K
+        assert p.family == _rule_family(c.tokens, c.top_k, c.experts) and set(p.specs) <= dev, (c, p.specs)
+    for cand, splits in ((0, 3), (fam.CANDIDATES.index(fam.TILES[-1][1]), 2)):  # split-K
         with fam.forced(cand, splits):
             for fin in ("deterministic", "fused"):
                 assert set(provider.plan(call(37, OAI, fin, h=1024, i=512), H200).specs) <= dev
@@ -332,9 +339,9 @@ def _oss_weights(scheme, e, h, i, *, which="both", activation=OAI, dtype=torch.b
 
 
 def _run(w, t, k, *, activation=OAI, finalize="deterministic", dtype=torch.bfloat16, offset=0, num_global=None,
-         ids=None, family="sm90", seed=1):
+         ids=None, family=None, seed=1):
     """One ``fused_moe(backend="cute")`` call on fresh inputs into a NaN-poisoned output, checked against the
-    reference; asserts the plan is the CuTe grouped ``family`` (no Triton fallback, no decode kernels) with the
+    reference; asserts the plan is the CuTe grouped ``family`` (default: the rule's; no Triton fallback, no decode kernels) with the
     bias kernels, and that the biases matter (the reference without them is far off)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     x = (torch.randn(t, w.hidden_size, generator=g) * _scales(activation)[0]).to(dtype).cuda()
@@ -342,6 +349,7 @@ def _run(w, t, k, *, activation=OAI, finalize="deterministic", dtype=torch.bfloa
     ids = rid if ids is None else ids
     call = check_moe_call(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset)
     d = select_provider(call, "cute")
+    family = family or _rule_family(t, k, w.num_experts)
     assert d.provider == "cute" and d.plan.family == family and not d.plan.decode, d.plan.describe()
     up, down = d.plan.configs
     assert up.bias == w.has_bias and up.activation == get_activation(activation).name
@@ -430,7 +438,7 @@ def test_gpu_expert_routes_with_biases():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")
-@pytest.mark.parametrize("candidate,splits", [(0, 3), (len(fam.TILES) - 1, 2)])
+@pytest.mark.parametrize("candidate,splits", [(0, 3), (fam.CANDIDATES.index(fam.TILES[-1][1]), 2)])
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 def test_gpu_split_k_adds_the_bias_once(candidate, splits, finalize):
     w = _oss_weights("mxfp4", 8, 1024, 512, seed=5)
@@ -486,7 +494,8 @@ def _gpt_oss_layer():
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 def test_gpu_gpt_oss_layer_shape(_gpt_oss_layer, tokens, finalize):
-    """The decode kernels (which small calls would use) decline; the padded SM90 grouped GEMMs run it."""
+    """The decode kernels (which small calls would use) decline; the padded grouped GEMMs (warp-MMA tiles at 1
+    and 8 tokens, SM90 beyond) run it."""
     _run(_gpt_oss_layer, tokens, 4, finalize=finalize, seed=tokens)
 
 
