@@ -472,8 +472,9 @@ def _kernel(family: KernelFamily, arch: str, cfg):
     return _kernel_cached(family, arch, cfg)
 
 
-@functools.lru_cache(maxsize=None)
 def _kernel_cached(family: KernelFamily, arch: str, cfg):
+    # no cache of its own: the loader memoizes kernels per process, and a second cache here could keep a kernel
+    # the loader has forgotten (``is_loaded``, which the capture check reads, would then disagree with it)
     from ...loader import get_kernel
 
     return get_kernel(family.spec_for(cfg), arch)
