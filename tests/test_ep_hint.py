@@ -61,20 +61,23 @@ def test_qwen3_235b_ep8_at_512_tokens_gets_smaller_token_tiles():
     assert hinted.max_tiles == -(-4096 // 48) + 16
 
 
-def test_qwen3_235b_ep8_at_8_tokens_takes_the_decode_path_with_the_hint():
-    plain = provider.plan(_call(QWEN_EP8, 8), H200)
-    hinted = provider.plan(_call(QWEN_EP8, 8, hint=True), H200)
-    # without the hint the cost model sees 64 routes on 16 experts (re-read 4x); with it ~8 routes on ~6.5
+def test_qwen3_235b_ep8_at_4_tokens_takes_the_decode_path_with_the_hint():
+    plain = provider.plan(_call(QWEN_EP8, 4), H200)
+    hinted = provider.plan(_call(QWEN_EP8, 4, hint=True), H200)
+    # without the hint the cost model sees 32 routes on 16 experts (re-read 2.1x); with it ~4 routes on ~3.6
     assert not plain.decode and _tn(plain) == 8
     assert hinted.decode and hinted.family == "decode"
-    assert "cost model: re-read 1.24x" in hinted.note and "EP hint" in hinted.note
+    assert "cost model: re-read 1.10x" in hinted.note and "EP hint" in hinted.note
+    # 8 tokens: ~8 local routes on ~6.5 experts, re-read 1.24x: the grouped GEMMs, hint or not
+    assert not provider.plan(_call(QWEN_EP8, 8, hint=True), H200).decode
     # an expert-parallel half never decodes, hint or not
-    assert not provider.plan(_call(QWEN_EP8, 8, hint=True, routes_only=True), H200).decode
+    assert not provider.plan(_call(QWEN_EP8, 4, hint=True, routes_only=True), H200).decode
 
 
 def test_deepseek_ep8_rules_with_the_hint():
     cases = {  # tokens: (without, with the hint) on a GPU without tuned rows
-        8: (("warp", 8), ("decode", None)),
+        4: (("warp", 8), ("decode", None)),  # ~4 local routes on ~3.8 experts: re-read 1.05x
+        8: (("warp", 8), ("warp", 8)),  # ~8 local routes on ~7.2 experts: re-read 1.11x
         64: (("sm90", 32), ("warp", 8)),  # 512 routes on 32 experts; ~64 local routes on ~28 experts
         512: (("sm90", 80), ("sm90", 32)),  # 512 local routes on 32 experts
         2048: (("sm90", 96), ("sm90", 80)),
@@ -139,7 +142,8 @@ def test_decode_cost_model_with_the_global_expert_count():
     assert dec.expected_experts(8, 8, 16, 16) == dec.expected_experts(8, 8, 16)
     assert dec.reread_factor(8, 8, 16) == pytest.approx(64 / dec.expected_experts(8, 8, 16))
     assert dec.reread_factor(8, 8, 16, 128) == pytest.approx(8 / dec.expected_experts(8, 8, 16, 128))
-    assert not dec.use_decode(8, 8, None, 16) and dec.use_decode(8, 8, None, 16, 128)
+    assert not dec.use_decode(4, 8, None, 16) and dec.use_decode(4, 8, None, 16, 128)
+    assert not dec.use_decode(8, 8, None, 16, 128)  # re-read 1.24x
     # the route bound stays on T * top_k (the launch covers every route, skipped ones included)
     assert not dec.use_decode(9, 8, None, 16, 128)
 

@@ -52,16 +52,14 @@ DECODE_MAX_ROUTES = 64
 
 #: the largest expected re-read factor (:func:`reread_factor`) at which an untuned layer takes the decode path.
 #: The decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per
-#: expert (plus route preparation and, deterministic, a finalize pass: a few us). At small batches both are
-#: weight-bandwidth bound, so the decode path wins while its extra launch savings outweigh the extra bytes:
-#: at a factor of 1.5 it streams 50% more weight bytes than the grouped GEMMs, about what the saved launches
-#: and the grouped GEMMs' partly idle tensor-core tiles are worth at decode sizes; well beyond it the
-#: re-reads dominate (8 experts, top-2, 32 tokens: factor 8, the decode path several times slower than
-#: the grouped GEMMs). The K split (:func:`num_splits`) makes the decode path cheaper exactly where its
-#: grids were too small (1-4 tokens of few large experts, TP shards with short K): calls with a re-read
-#: factor near 1, which take the decode path already, so the bound is unchanged. A starting point, to be
-#: calibrated (the autotuner measures it per layer).
-MAX_REREAD = 1.5
+#: expert (plus route preparation and, deterministic, a finalize pass: a few us), so the decode path is for
+#: calls that read each expert about once. Calibrated on the H200: W1's tuned decode bound (384 experts,
+#: top-8) has the decode path faster at 8 tokens, re-read 1.08; the tile sweep of docs/perf/2026-12-01-selection
+#: has it 1.51-1.83 x slower than the best grouped choice at re-read 1.55-1.60 (16 tokens of 128 / 60
+#: experts) and 2.0-2.4 x at 1.9-2.3, about the re-read factor itself: the saved launches do not pay for
+#: streaming an expert twice. (Those were the decode kernels before the K split; the split helps calls of 1-4
+#: tokens, whose factor is near 1 anyway.) The autotuner measures both paths per layer.
+MAX_REREAD = 1.1
 
 #: K split across CTAs (:func:`num_splits`): the split grid aims at this many CTAs per SM (about two waves of
 #: one 8-warp CTA per SM, or one wave of two: every SM gets work, with 8-16 warps' loads in flight each)
