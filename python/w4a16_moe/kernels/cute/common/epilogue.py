@@ -108,6 +108,21 @@ def cta_sync(bar_id, nthr: cutlass.Constexpr):
 
 
 @cute.jit
+def split_arrive(counters, tile_id, num_splits, flag_addr):
+    """One thread's arrival at output tile ``tile_id`` of a split-K launch (after its partial is stored and
+    fenced): bump the tile's counter; the last of the ``num_splits`` arrivals re-arms it to 0 for the next
+    launch. Writes the verdict (1: this CTA sums the partials) to the shared word at ``flag_addr``."""
+    cnt_addr = counters.toint() + Int64(tile_id) * 4
+    old = ptx.atom_add_gpu(cnt_addr, 1)
+    last = Int32(0)
+    if old == num_splits - 1:
+        last = Int32(1)
+        ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
+    ptx.fence_acq_rel_gpu()
+    ptx.st_shared_b32(flag_addr, last)
+
+
+@cute.jit
 def publish_split(shape: cutlass.Constexpr, tid, stg_addr, misc_addr, last_ofs, ws, counters, n, nb,
                   tile, split, num_splits, count, bar_id):
     """Split-K step of the tile ``(nb, tile)``: ``(ws_base, nb_count, is_last)``.
@@ -135,14 +150,7 @@ def publish_split(shape: cutlass.Constexpr, tid, stg_addr, misc_addr, last_ofs, 
         ptx.fence_acq_rel_gpu()
         cta_sync(bar_id, nthr)
         if tid == 0:
-            cnt_addr = counters.toint() + Int64(tile_id) * 4
-            old = ptx.atom_add_gpu(cnt_addr, 1)
-            last = Int32(0)
-            if old == num_splits - 1:
-                last = Int32(1)
-                ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
-            ptx.fence_acq_rel_gpu()
-            ptx.st_shared_b32(misc_addr + last_ofs, last)
+            split_arrive(counters, tile_id, num_splits, misc_addr + last_ofs)
         cta_sync(bar_id, nthr)
         is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
         ptx.fence_acq_rel_gpu()

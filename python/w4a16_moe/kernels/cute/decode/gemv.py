@@ -79,7 +79,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 from ..common import ptx
 from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_mode_dtype
 from ..common.dequant import e2m1_pair
-from ..common.epilogue import act
+from ..common.epilogue import act, split_arrive
 from ..common.grid import fake_launch_args
 from .config import DecodeGemvConfig
 
@@ -525,14 +525,7 @@ class Sm90W4A16DecodeGemv:
             ptx.fence_acq_rel_gpu()
             cute.arch.sync_threads()
             if tidx == 0:
-                cnt_addr = counters.toint() + Int64(tile) * 4
-                old = ptx.atom_add_gpu(cnt_addr, 1)
-                last = Int32(0)
-                if old == num_splits - 1:
-                    last = Int32(1)
-                    ptx.st_global_b32(cnt_addr, 0)  # re-arm for the next launch
-                ptx.fence_acq_rel_gpu()
-                ptx.st_shared_b32(flag, last)
+                split_arrive(counters, tile, num_splits, flag)
             cute.arch.sync_threads()
             is_last = ptx.ld_shared_b32(flag)
             ptx.fence_acq_rel_gpu()
