@@ -38,6 +38,20 @@ def monkeypatch(monkeypatch):
     settings.refresh()
 
 
+@pytest.fixture
+def _kernels_anywhere(monkeypatch):
+    """CuTe plans on any machine: every kernel counts as available, the selection settings at their defaults,
+    the plan cache empty before and after."""
+    from w4a16_moe.kernels.cute import provider
+
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    for v in ("W4A16_MOE_CUTE_DECODE", "W4A16_MOE_BATCH_INVARIANT", "W4A16_MOE_CUTE_FAMILY"):
+        monkeypatch.delenv(v, raising=False)
+    provider.clear_plans()
+    yield
+    provider.clear_plans()
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
 
@@ -96,15 +110,15 @@ def nrmse(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def run_cute_moe(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize="deterministic", offset=0,
-                 num_global=None, seed=1, ids=None, tol=0.02, check_path=None):
-    """One ``fused_moe(..., backend="cute")`` call on fresh random inputs (``t`` tokens, top-``k`` over
-    ``num_global`` experts, default ``w.num_experts + offset``) into an output poisoned with NaN, checked
-    against ``reference_moe``: no NaN left and NRMSE < ``tol``. ``check_path(x, tw, ids)`` asserts which
+                 num_global=None, seed=1, ids=None, tol=0.02, check_path=None, x_scale=1.0):
+    """One ``fused_moe(..., backend="cute")`` call on fresh random inputs (``t`` tokens, ``x ~ N(0, x_scale^2)``,
+    top-``k`` over ``num_global`` experts, default ``w.num_experts + offset``) into an output poisoned with NaN,
+    checked against ``reference_moe``: no NaN left and NRMSE < ``tol``. ``check_path(x, tw, ids)`` asserts which
     kernels the call takes before it runs. Returns ``(x, tw, ids, out)``."""
     import w4a16_moe as wm
 
     g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(t, w.hidden_size, generator=g).to(dtype).cuda()
+    x = (torch.randn(t, w.hidden_size, generator=g) * x_scale).to(dtype).cuda()
     tw, rid = random_routing(t, k, num_global or w.num_experts + offset, seed=seed, device="cuda")
     ids = rid if ids is None else ids
     if check_path is not None:

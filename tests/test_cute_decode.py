@@ -155,12 +155,12 @@ def test_persistent_grid_is_bit_identical():
     assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 
 
-def test_cuda_graph_capture_and_replay(grid):
-    w = _weights("int4_g32", seed=9)
-    t, k = 4, 8
+def _graph_replays(w, t, k, seed):
+    """Warm up, capture one call in a CUDA graph: its replay equals the eager call, and a replay on new inputs
+    matches the reference."""
     wm.warmup(w, top_k=k, max_tokens=t, backend="cute")
     x = torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16)
-    tw, ids = random_routing(t, k, w.num_experts, seed=9, device="cuda")
+    tw, ids = random_routing(t, k, w.num_experts, seed=seed, device="cuda")
     out = torch.full_like(x, float("nan"))
     eager = wm.fused_moe(x, w, tw, ids, backend="cute")
     graph = torch.cuda.CUDAGraph()
@@ -172,6 +172,10 @@ def test_cuda_graph_capture_and_replay(grid):
     x.copy_(torch.randn_like(x))  # new inputs, same graph
     graph.replay()
     assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
+
+
+def test_cuda_graph_capture_and_replay(grid):
+    _graph_replays(_weights("int4_g32", seed=9), 4, 8, seed=9)
 
 
 def test_auto_rule(monkeypatch):
@@ -288,23 +292,8 @@ def test_split_all_routes_invalid():
 
 def test_split_cuda_graph_capture_and_replay():
     """The split's scratch is allocated by warmup, so capture allocates nothing; replays reproduce eager."""
-    w = _split_weights(seed=26)
-    t, k = 2, 4
     with overrides.forced_decode(dec.parse_knobs(SPLIT_KNOBS[3])):
-        wm.warmup(w, top_k=k, max_tokens=t, backend="cute")
-        x = torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16)
-        tw, ids = random_routing(t, k, w.num_experts, seed=26, device="cuda")
-        out = torch.full_like(x, float("nan"))
-        eager = wm.fused_moe(x, w, tw, ids, backend="cute")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            wm.fused_moe(x, w, tw, ids, backend="cute", out=out)
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager)
-        x.copy_(torch.randn_like(x))
-        graph.replay()
-        assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
+        _graph_replays(_split_weights(seed=26), 2, 4, seed=26)
     _counters_rearmed()
 
 

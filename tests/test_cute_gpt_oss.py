@@ -25,7 +25,7 @@ from w4a16_moe.kernels.cute.warp import family as warp_fam
 from w4a16_moe.providers import select_provider
 from w4a16_moe.validate import MaskedCall, MoECall, check_masked_call, check_moe_call
 
-from conftest import HAS_CUDA, nrmse, random_routing, random_weights, with_biases
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe, with_biases
 
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
 OAI = "swiglu_oai"
@@ -36,16 +36,6 @@ TOL = 0.02
 # ----------------------------------------------------------------------------------------------------------
 # CPU: plans, reasons, specs, AOT
 # ----------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def _kernels_anywhere(monkeypatch):
-    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
-    for v in ("W4A16_MOE_CUTE_DECODE", "W4A16_MOE_BATCH_INVARIANT", "W4A16_MOE_CUTE_FAMILY"):
-        monkeypatch.delenv(v, raising=False)
-    provider.clear_plans()
-    yield
-    provider.clear_plans()
-
-
 def _oss_call(tokens, finalize="deterministic", activation=OAI, bias=True, e=128, routes_only=False):
     return MoECall(tokens, 4, 2880, 2880, e, torch.bfloat16, torch.device("cuda"), get_activation(activation),
                    finalize, 0, "mxfp4", routes_only, bias)
@@ -343,23 +333,20 @@ def _run(w, t, k, *, activation=OAI, finalize="deterministic", dtype=torch.bfloa
     """One ``fused_moe(backend="cute")`` call on fresh inputs into a NaN-poisoned output, checked against the
     reference; asserts the plan is the CuTe grouped ``family`` (default: the rule's; no Triton fallback, no decode kernels) with the
     bias kernels, and that the biases matter (the reference without them is far off)."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    x = (torch.randn(t, w.hidden_size, generator=g) * _scales(activation)[0]).to(dtype).cuda()
-    tw, rid = random_routing(t, k, num_global or w.num_experts + offset, seed=seed, device="cuda")
-    ids = rid if ids is None else ids
-    call = check_moe_call(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset)
-    d = select_provider(call, "cute")
-    family = family or _rule_family(t, k, w.num_experts)
-    assert d.provider == "cute" and d.plan.family == family and not d.plan.decode, d.plan.describe()
-    up, down = d.plan.configs
-    assert up.bias == w.has_bias and up.activation == get_activation(activation).name
-    out = torch.full_like(x, float("nan"))
-    wm.fused_moe(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset, backend="cute",
-                 out=out)
-    ref = wm.reference_moe(x, w, tw, ids, activation=activation, expert_offset=offset)
-    assert not torch.isnan(out).any()
-    assert nrmse(out, ref) < TOL, nrmse(out, ref)
+
+    def on_path(x, tw, ids):
+        call = check_moe_call(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset)
+        d = select_provider(call, "cute")
+        want = family or _rule_family(t, k, w.num_experts)
+        assert d.provider == "cute" and d.plan.family == want and not d.plan.decode, d.plan.describe()
+        up, down = d.plan.configs
+        assert up.bias == w.has_bias and up.activation == get_activation(activation).name
+
+    x, tw, ids, out = run_cute_moe(w, t, k, dtype=dtype, activation=activation, finalize=finalize, offset=offset,
+                                   num_global=num_global, seed=seed, ids=ids, tol=TOL, check_path=on_path,
+                                   x_scale=_scales(activation)[0])
     if w.has_bias:
+        ref = wm.reference_moe(x, w, tw, ids, activation=activation, expert_offset=offset)
         plain = wm.MoEWeights(w.scheme, w.w13, w.w2, w.gated)
         assert nrmse(wm.reference_moe(x, plain, tw, ids, activation=activation, expert_offset=offset), ref) > 0.1
     return x, tw, ids, out

@@ -169,16 +169,6 @@ def test_pad_cols():
 # ----------------------------------------------------------------------------------------------------------
 # plans
 # ----------------------------------------------------------------------------------------------------------
-@pytest.fixture
-def _kernels_anywhere(monkeypatch):
-    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
-    for v in ("W4A16_MOE_CUTE_DECODE", "W4A16_MOE_BATCH_INVARIANT", "W4A16_MOE_CUTE_FAMILY"):
-        monkeypatch.delenv(v, raising=False)
-    provider.clear_plans()
-    yield
-    provider.clear_plans()
-
-
 def _call(tokens, h, i, scheme="int4_g32", activation="swiglu", finalize="deterministic", e=32, k=4,
           dtype=torch.bfloat16):
     return MoECall(tokens, k, h, i, e, dtype, torch.device("cuda"), get_activation(activation), finalize, 0, scheme)

@@ -469,10 +469,6 @@ def _fused_acc(weights, topk_weights, ids, expert_offset: int, width: int, pad: 
 
 
 def _kernel(family: KernelFamily, arch: str, cfg):
-    return _kernel_cached(family, arch, cfg)
-
-
-def _kernel_cached(family: KernelFamily, arch: str, cfg):
     # no cache of its own: the loader memoizes kernels per process, and a second cache here could keep a kernel
     # the loader has forgotten (``is_loaded``, which the capture check reads, would then disagree with it)
     from ...loader import get_kernel
@@ -517,7 +513,7 @@ def _launcher_cached(family, arch: str, cfg):
     when the op library is unavailable."""
     from ...loader.torch_op import gemm_launcher
 
-    return gemm_launcher(_kernel_cached(family, arch, cfg))
+    return gemm_launcher(_kernel(family, arch, cfg))
 
 
 def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype, pad: tuple = ()) -> None:
