@@ -36,8 +36,6 @@ GPT_OSS_TESTS = (
      ("swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"), 2),
     # tests/test_cute_gpt_oss.py::test_gpu_bias_non_gated
     (("int4_g128",), ("bf16",), ("relu2", "silu"), 2),
-    # tests/test_triton_provider.py::test_gpu_bias_oai_cuda_graph_and_compile (auto: now CuTe; up to 16 tokens)
-    (("mxfp4",), ("bf16",), ("swiglu_oai(alpha=1.5,limit=2.0)",), 0),
 )
 
 #: knob sets the decode GPU tests force (``PERSISTENT``, the bit-identity tests and the K-split tests of
