@@ -7,7 +7,7 @@ The set: the AOT ``full`` subset of every family (what the provider selects), pl
 the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
 (``--decode-knobs``, the tuner's), the persistent decode grids the decode GPU tests force (their K splits
-need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``) tests/test_cute_gpt_oss.py and
+need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``; grouped and decode) tests/test_cute_gpt_oss.py and
 tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`).
 With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
@@ -37,6 +37,11 @@ GPT_OSS_TESTS = (
     # tests/test_cute_gpt_oss.py::test_gpu_bias_non_gated
     (("int4_g128",), ("bf16",), ("relu2", "silu"), 2),
 )
+
+#: the decode kernels with biases tests/test_cute_gpt_oss.py::test_gpu_decode_kernels_with_biases forces:
+#: (schemes, dtypes), every activation there, its knob sets (the ``s3`` split needs no spec of its own)
+GPT_OSS_DECODE_TESTS = (((("mxfp4", "int4_g128_zp"), ("bf16",)), (("int4_g32",), ("fp16",))),
+                        ("swiglu", "swiglu_oai", "swiglu_oai(alpha=1.5,limit=2.0)"), ("w4u8/w4u4", "w4u8c5/w4u4c3"))
 
 #: knob sets the decode GPU tests force (``PERSISTENT``, the bit-identity tests and the K-split tests of
 #: tests/test_cute_decode.py; the K-split tests force ``s<N>`` on these same sets, and a split is a launch
@@ -86,6 +91,10 @@ def device_specs(decode_knobs=()) -> list:
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,
                               tiles=[fam.TILES[bucket][1]], biases=(False, True))
     specs += _gpt_oss_test_plans()
+    pairs, acts, kn = GPT_OSS_DECODE_TESTS
+    for names, dts in pairs:
+        specs += dec.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,
+                              knobs=[dec.knob_items(k) for k in kn], biases=(True,))
     # the persistent decode grids tests/test_cute_decode.py forces, for every scheme, dtype and activation
     specs += dec.variants(knobs=[dec.knob_items(k) for k in TEST_DECODE_KNOBS])
     knobs = [dec.knob_items(k) for k in decode_knobs]

@@ -1,13 +1,16 @@
 """gpt-oss experts on the CuTe provider: per-expert biases and the clamped ``swiglu_oai`` activation.
 
-CPU: plans of gpt-oss-shaped calls (E=128, H=I=2880, top-4, MXFP4, biases, swiglu_oai) go to the grouped SM90
-family (never the decode kernels, never Triton); the per-family feature reasons; the new config fields in
+CPU: plans of gpt-oss-shaped calls (E=128, H=I=2880, top-4, MXFP4, biases, swiglu_oai) go to the decode
+kernels where the decode rule sends them (1-6 tokens) and to the rule's grouped family beyond (never Triton);
+the per-family feature reasons; the new config fields in
 spec names and their round trip; the AOT ``full`` subset holds what those plans select; the bias tables the
 kernels read (padded, un-interleaved) and the fused finalize's bias accumulator; one sm_90a compile of a
 bias + swiglu_oai gate/up kernel and a bias down kernel (and one warp-MMA one).
 
 GPU (marker ``gpu``, SM90): every case poisons the output with NaN, checks it against the FP32 reference
-(NRMSE < 0.02, the other CuTe tests' tolerance) and asserts the plan is the CuTe grouped family.
+(NRMSE < 0.02, the other CuTe tests' tolerance) and asserts the plan (the decode kernels where the rule sends
+the call, else the CuTe grouped family); the decode kernels' biases are also forced over the scheme, bias,
+activation and grid matrix.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import w4a16_moe as wm
 from w4a16_moe.activations import get_activation, swiglu_oai
 from w4a16_moe.device import DeviceInfo
 from w4a16_moe.formats.schemes import get_scheme
-from w4a16_moe.kernels.cute import provider, registry
+from w4a16_moe.kernels.cute import overrides, provider, registry
+from w4a16_moe.kernels.cute.decode import family as dec
 from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.warp import family as warp_fam
 from w4a16_moe.providers import select_provider
@@ -45,14 +49,28 @@ def _rule_family(tokens, top_k, experts):
     return fam.rule_choice(tokens * top_k, experts)[0]
 
 
+def _decodes(tokens, top_k, experts, num_global=None):
+    """Whether the untuned decode rule sends the call to the decode kernels."""
+    return dec.use_decode(tokens, top_k, None, experts, num_global)
+
+
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 @pytest.mark.parametrize("activation", [OAI, OAI_CUSTOM])
-def test_gpt_oss_plans_go_to_the_grouped_families(_kernels_anywhere, finalize, activation):
+def test_gpt_oss_plans_go_to_the_decode_rule_then_the_grouped_families(_kernels_anywhere, finalize, activation):
+    assert [t for t in (1, 4, 6, 8, 16) if _decodes(t, 4, 128)] == [1, 4, 6]  # re-read 1.0, 1.05, 1.08; 1.12
     for tokens in (1, 2, 8, 64, 512, 4096):
         call = _oss_call(tokens, finalize, activation)
         assert provider.unavailable_reason(call, H200) is None
         p = provider.plan(call, H200)
-        # the rule's grouped family (warp-MMA tiles for the smallest buckets, else SM90), never decode
+        if _decodes(tokens, 4, 128):
+            # the decode kernels, both with their biases (both finalize modes: the down kernel adds the
+            # token's weighted w2 biases itself)
+            assert p.family == "decode" and p.decode, (tokens, p.describe())
+            up, down = p.configs
+            assert up.bias and down.bias and up.fp4 and up.activation == get_activation(activation).name
+            assert p.pad and p.pad[0] >= 2880 and "_bias" in down.name()
+            continue
+        # the rule's grouped family (warp-MMA tiles for the smallest buckets, else SM90)
         assert p.provider == "cute" and p.family == _rule_family(tokens, 4, 128) and not p.decode, \
             (tokens, p.describe())
         up, down = p.configs
@@ -99,13 +117,10 @@ def test_feature_reasons_per_family():
     assert (registry.feature_reason(call, bias=True)
             == "activation swiglu_oai is not supported by this CuTe family's kernels")
     assert registry.feature_reason(call, bias=True, swiglu_oai=True) is None
-    for name in ("sm90", "warp"):
+    for name in ("sm90", "warp", "decode"):
         assert registry.get(name).can_implement(call) is None
         assert registry.get(name).can_implement(_oss_call(4, activation=OAI_CUSTOM)) is None
-    dec = registry.get("decode")
-    assert "biases" in dec.can_implement(call)
-    assert "swiglu_oai" in dec.can_implement(_oss_call(4, bias=False))
-    assert dec.can_implement(plain) is None
+        assert registry.get(name).can_implement(plain) is None
     # the shape rules still apply (and still name the rule)
     odd = MoECall(4, 4, 2880, 2880 + 32, 8, torch.bfloat16, torch.device("cuda"), get_activation(OAI),
                   "deterministic", 0, "mxfp4", False, True)
@@ -212,7 +227,15 @@ def test_device_specs_hold_what_the_gpu_tests_select(_kernels_anywhere, monkeypa
         calls += [call(t, OAI_CUSTOM, fin) for t in range(1, 17)]  # the Triton suite's auto test
     for c in calls:
         p = provider.plan(c, H200)
-        assert p.family == _rule_family(c.tokens, c.top_k, c.experts) and set(p.specs) <= dev, (c, p.specs)
+        want = "decode" if _decodes(c.tokens, c.top_k, c.experts) else _rule_family(c.tokens, c.top_k, c.experts)
+        assert p.family == want and set(p.specs) <= dev, (c, p.specs)
+    for scheme, dtype in DECODE_MATRIX:  # the forced decode kernels of test_gpu_decode_kernels_with_biases
+        for act in ("swiglu", OAI, OAI_CUSTOM):
+            for knobs in DECODE_KNOBS:
+                with overrides.forced_decode(dec.parse_knobs(knobs)):
+                    for fin in ("deterministic", "fused"):
+                        p = provider.plan(call(3, act, fin, scheme=scheme, dtype=dtype), H200)
+                        assert p.decode and set(p.specs) <= dev, (scheme, act, knobs, p.specs)
     for cand, splits in ((0, 3), (fam.CANDIDATES.index(fam.TILES[-1][1]), 2)):  # split-K
         with fam.forced(cand, splits):
             for fin in ("deterministic", "fused"):
@@ -331,16 +354,22 @@ def _oss_weights(scheme, e, h, i, *, which="both", activation=OAI, dtype=torch.b
 def _run(w, t, k, *, activation=OAI, finalize="deterministic", dtype=torch.bfloat16, offset=0, num_global=None,
          ids=None, family=None, seed=1):
     """One ``fused_moe(backend="cute")`` call on fresh inputs into a NaN-poisoned output, checked against the
-    reference; asserts the plan is the CuTe grouped ``family`` (default: the rule's; no Triton fallback, no decode kernels) with the
-    bias kernels, and that the biases matter (the reference without them is far off)."""
+    reference; asserts the plan is ``family`` (default: the decode kernels where the decode rule or an override
+    sends the call, else the rule's grouped family; no Triton fallback) with the bias kernels, and that the
+    biases matter (the reference without them is far off)."""
 
     def on_path(x, tw, ids):
         call = check_moe_call(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset)
         d = select_provider(call, "cute")
-        want = family or _rule_family(t, k, w.num_experts)
-        assert d.provider == "cute" and d.plan.family == want and not d.plan.decode, d.plan.describe()
+        forced = overrides.current().decode_knobs is not None
+        want = family or ("decode" if forced or _decodes(t, k, w.num_experts, num_global)
+                          else _rule_family(t, k, w.num_experts))
+        assert d.provider == "cute" and d.plan.family == want and d.plan.decode == (want == "decode"), \
+            d.plan.describe()
         up, down = d.plan.configs
         assert up.bias == w.has_bias and up.activation == get_activation(activation).name
+        if want == "decode":
+            assert down.bias == w.has_bias
 
     x, tw, ids, out = run_cute_moe(w, t, k, dtype=dtype, activation=activation, finalize=finalize, offset=offset,
                                    num_global=num_global, seed=seed, ids=ids, tol=TOL, check_path=on_path,
@@ -461,6 +490,32 @@ def test_gpu_masked_layout_with_biases(bias, dtype):
     assert nrmse(out[live], ref[live]) < TOL
 
 
+#: (scheme, dtype) pairs and knob sets (default grid, K split over 3 CTAs, persistent grids) of the forced
+#: decode-kernel bias tests
+DECODE_MATRIX = (("mxfp4", torch.bfloat16), ("int4_g32", torch.float16), ("int4_g128_zp", torch.bfloat16))
+DECODE_KNOBS = ("w4u8/w4u4", "w4u8s3/w4u4s3", "w4u8c5/w4u4c3")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")
+@pytest.mark.parametrize("knobs", DECODE_KNOBS)
+@pytest.mark.parametrize("activation", ["swiglu", OAI, OAI_CUSTOM])
+@pytest.mark.parametrize("bias", list(BIASES))
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+@pytest.mark.parametrize("scheme,dtype", DECODE_MATRIX, ids=[f"{s}-{str(d)[6:]}" for s, d in DECODE_MATRIX])
+def test_gpu_decode_kernels_with_biases(scheme, dtype, finalize, bias, activation, knobs):
+    """The decode kernels forced (3 tokens x top-4 over 8 local experts of 12, invalid routes): gate/up adds
+    the w13 bias before the activation, down the token's weighted w2 biases (once, also with a K split)."""
+    w = _oss_weights(scheme, 8, 512, 256, which=bias, activation=activation, dtype=dtype, seed=13)
+    tw, ids = random_routing(3, 4, 12, seed=13, device="cuda")
+    ids[1, 2] = -1
+    with overrides.forced_decode(dec.parse_knobs(knobs)):
+        x, tw, ids, out = _run(w, 3, 4, activation=activation, finalize=finalize, dtype=dtype, offset=2, ids=ids,
+                               seed=13)
+        assert torch.equal(wm.fused_moe(x, w, tw, ids, activation=activation, finalize=finalize,
+                                        expert_offset=2, backend="cute"), out)  # fixed order: bit-identical
+
+
 @pytest.fixture(scope="module")
 def _gpt_oss_layer():
     """A gpt-oss-shaped layer (H = I = 2880, MXFP4, BF16 biases) with 16 experts instead of 128."""
@@ -480,8 +535,8 @@ def _gpt_oss_layer():
 @pytest.mark.parametrize("tokens", [1, 8, 64, 512])
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 def test_gpu_gpt_oss_layer_shape(_gpt_oss_layer, tokens, finalize):
-    """The decode kernels (which small calls would use) decline; the padded grouped GEMMs (warp-MMA tiles at 1
-    and 8 tokens, SM90 beyond) run it."""
+    """The padded decode kernels at 1 token, the padded grouped GEMMs beyond (warp-MMA tiles at 8 tokens,
+    SM90 beyond)."""
     _run(_gpt_oss_layer, tokens, 4, finalize=finalize, seed=tokens)
 
 

@@ -31,12 +31,13 @@ static description, the device, the settings and the selection overrides) and ex
 Weights are permuted once per (family, tile shape, dtype) into the family's fragment-ready layout
 (:mod:`.sm90.pack`, :mod:`.warp.pack`) and cached beside the canonical tensors.
 
-gpt-oss experts (per-expert biases, ``swiglu_oai`` with any ``alpha`` / ``limit``) run on the grouped families;
-the decode kernels decline them (their ``can_implement``), so small calls take the grouped GEMMs. The configs
-of a biased layer have ``bias=True``: the gate/up kernel adds ``w13_bias`` before the activation, the
+gpt-oss experts (per-expert biases, ``swiglu_oai`` with any ``alpha`` / ``limit``) run on every family. The
+configs of a biased layer have ``bias=True``: the gate/up kernel adds ``w13_bias`` before the activation, the
 deterministic (and masked) down kernel adds ``w2_bias`` before rounding ``y``; both read an FP32 bias table
 ``[E, rows]`` (padded, un-interleaved gate/up order, converted once and cached on the bias tensor:
 :func:`_bias`) from the launch ABI's ``topk_weights`` slot, which only the ``atomic_f32`` epilogue reads. The
+decode kernels read the same tables from the ``route_start`` slot (down adds the token's weighted w2 biases
+itself, in both finalize modes). The
 fused finalize starts its FP32 accumulator from ``sum_j topk_weights[t, j] * w2_bias[ids[t, j] - offset]``
 over the token's local routes (:func:`_fused_acc`) instead of zeros. A layer with one bias only reads a zero
 table for the other.
@@ -347,7 +348,8 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
     """The decode plan of ``call`` with knob items ``knobs``: its configs, and the K split of each kernel
     (the knobs' ``s<N>``, else :func:`.decode.family.num_splits` for the device's SM count)."""
     dmod = _module(dec)
-    up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs})
+    up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs},
+                           bias=call.has_bias)
     hp, ip, n13 = _padded(dec, up, down, call, sch)
     fu, fd = dmod.forced_splits(knobs)
     su = fu if fu is not None else dmod.num_splits(up, n13, hp, call.tokens, call.top_k, info.sms)
@@ -659,8 +661,10 @@ def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, o
     for cfg, packed, src, dst, n, k, splits, ws, cnt in (
             (up, p13, pad_cols(x, h), hbuf, n13, h, p.splits[0], ws_up, cnt_up),
             (down, p2, hbuf, out if obuf is None else obuf, h, i, p.splits[1], ws_dn, cnt_dn)):
-        # (decode ABI: ids in the sorted-routes slot and the two unused routing slots)
-        _run_kernel(family, p.arch, cfg, (packed.data, src, dst, ids, ids, ids, topk_weights, ws, cnt),
+        # (decode ABI: ids in the sorted-routes slot and the unused routing slots; with biases the bias table
+        # in the route_start slot)
+        tab = _bias(weights, "w13" if cfg.mode == "gate_up" else "w2", p.pad) if cfg.bias else ids
+        _run_kernel(family, p.arch, cfg, (packed.data, src, dst, ids, tab, ids, topk_weights, ws, cnt),
                     (e, n, k, r, top_k, expert_offset, splits))
     if obuf is not None:
         out.copy_(obuf[:, :out.shape[1]])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.codes import is_gated
+from ..common.codes import act_tag, is_gated
 
 __all__ = ["DecodeGemvConfig"]
 
@@ -33,6 +33,9 @@ class DecodeGemvConfig:
     unroll: int = 4  # k64 units per load batch (16-byte weight loads in flight per thread: X * unroll)
     pdl: bool = True  # down: programmatic dependent launch (prefetch the weights into L2 while gate/up runs)
     ctas: int = 0  # > 0: a persistent grid of at most this many CTAs over the compacted work (see decode.gemv)
+    # per-expert FP32 bias added before the output is stored (gate_up: the w13 bias before the activation;
+    # down: the token's weighted w2 biases, sum_j w_j b2[e_j]); the table [E, n] rides in the route_start slot
+    bias: bool = False
 
     @property
     def gated(self) -> bool:
@@ -41,8 +44,9 @@ class DecodeGemvConfig:
     def name(self) -> str:
         g = "ch" if self.group == 0 else str(self.group)
         zp = ("zp" if self.zero_point else "") + ("f4" if self.fp4 else "")
-        act = ("_" + self.activation) if self.mode == "gate_up" else ""
+        act = ("_" + act_tag(self.activation)) if self.mode == "gate_up" else ""
         pdl = "_pdl" if self.pdl and self.mode == "down" else ""
         ctas = f"_c{self.ctas}" if self.ctas else ""
+        bias = "_bias" if self.bias else ""
         return (f"dec_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_k{self.k_tile}"
-                f"_w{self.warps}_u{self.unroll}{act}{pdl}{ctas}")
+                f"_w{self.warps}_u{self.unroll}{act}{pdl}{ctas}{bias}")

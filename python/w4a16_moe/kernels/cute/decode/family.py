@@ -96,12 +96,13 @@ spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
 @functools.lru_cache(maxsize=4096)
-def configs(scheme, dtype: str, activation: str, knobs: tuple = ()) -> tuple:
+def configs(scheme, dtype: str, activation: str, knobs: tuple = (), bias: bool = False) -> tuple:
     """(gate_up, down) :class:`DecodeGemvConfig` of a call; ``knobs``: ``(("gate_up", {...}), ...)``
     items overriding :data:`KNOBS` (the tuner's variants; a ``splits`` item is a launch parameter, not a
-    config field: :func:`forced_splits`)."""
+    config field: :func:`forced_splits`); ``bias``: the layer has per-expert biases (both kernels add theirs;
+    a matrix without one reads a zero table)."""
     over = {m: tuple(kv for kv in v if kv[0] != "splits") for m, v in dict(knobs).items()}
-    base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
+    base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4, bias=bias)
     up = kernel_config(mode="gate_up", activation=activation, **base, **LAYOUT["w13"],
                        **dict(KNOBS["gate_up"], **dict(over.get("gate_up", ()))))
     down = kernel_config(mode="down", **base, **LAYOUT["w2"], **dict(KNOBS["down"], **dict(over.get("down", ()))))
@@ -245,9 +246,11 @@ def knob_items(text: Optional[str]) -> tuple:
 
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
-             activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None) -> list:
+             activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None,
+             biases=(False,)) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
-    plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those)."""
+    plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those), for
+    each bias setting of ``biases``."""
     from ....formats.schemes import SCHEMES
 
     if schemes is None:
@@ -259,20 +262,33 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
                 knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name, dt)]
             for kn in sets:
                 for act in activations:
-                    for cfg in configs(sch, dt, act, kn):
-                        spec = spec_for(cfg)
-                        if spec not in seen:
-                            seen.add(spec)
-                            out.append(spec)
+                    for bias in biases:
+                        for cfg in configs(sch, dt, act, kn, bias):
+                            spec = spec_for(cfg)
+                            if spec not in seen:
+                                seen.add(spec)
+                                out.append(spec)
     return out
 
 
+def gpt_oss_variants() -> list:
+    """The decode specs the gpt-oss experts (:data:`..sm90.family.GPT_OSS`: MXFP4, BF16, ``swiglu_oai``,
+    with and without biases) select, default knobs."""
+    from ....formats.schemes import get_scheme
+
+    g = sm90_family.GPT_OSS
+    return variants(schemes=[get_scheme(g["scheme"])], dtypes=g["dtypes"], activations=g["activations"],
+                    knobs=[()], biases=g["biases"])
+
+
 def aot_variants(subset: str) -> list:
-    """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU; ``"full"``: every scheme, dtype and activation."""
+    """``"smoke"``: int4_g32 + int4_g128, BF16, SwiGLU; ``"full"``: every scheme, dtype and activation, plus
+    the gpt-oss experts' (:func:`gpt_oss_variants`)."""
     from ....formats.schemes import get_scheme
 
     if subset == "full":
-        return variants()
+        out = variants()
+        return out + [s for s in gpt_oss_variants() if s not in set(out)]
     if subset == "smoke":
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
@@ -315,11 +331,11 @@ class DecodeFamily:
             return "the decode kernels take routed calls only"
         if call.tokens * call.top_k > MAX_GRID_Y:
             return f"{call.tokens * call.top_k} routes exceed one launch"
-        return shape_reason(call)
+        return shape_reason(call, bias=True, swiglu_oai=True)  # biases and swiglu_oai (any alpha / limit)
 
-    def configs(self, scheme, dtype, activation, gated, finalize, tiles):
+    def configs(self, scheme, dtype, activation, gated, finalize, tiles, bias=False):
         """``tiles``: ``{"knobs": knob items}`` (:func:`knob_items`; ``()``: the defaults)."""
-        return configs(scheme, dtype, activation, tiles.get("knobs", ()))
+        return configs(scheme, dtype, activation, tiles.get("knobs", ()), bias)
 
     def spec_for(self, cfg):
         return spec_for(cfg)

@@ -56,8 +56,15 @@ route's row block into L2 (``cp.async.bulk.prefetch.L2``; the row block of an ex
 K split, split ``z`` takes the routes ``j = z (mod S)``), so the down kernel's launch and its weight fetch
 overlap the gate/up kernel.
 
+Biases (``bias``, static): the kernel adds the layer's per-expert FP32 biases where it stores: gate_up adds
+``b13[e, col]`` (gated: the gate and up columns, the up half at ``n / 2``) to the FP32 sums before the
+activation; down adds ``sum_j topk_weights[t, j] * b2[e_j, col]`` over the token's valid routes in top-k
+order after its route sum (split: the last arrival, after the partials). The table ``[E, n]`` rides in the
+``route_start`` slot (the provider's padded bias table, zeros where the layer has no bias of that matrix).
+
 Launch ABI: the grouped GEMM's (one op, one loader), with these meanings:
-``(w, act, out, sorted_routes = topk_ids [T*k] int32, route_start (unused), block_start (unused),
+``(w, act, out, sorted_routes = topk_ids [T*k] int32, route_start = the bias table FP32 ``[E, n]`` with
+``bias`` (else unused), block_start (unused),
 topk_weights [T*k] FP32 (down), ws = split partials FP32 [tiles * S * 16 X] (read only when S > 1),
 counters = per-tile arrival counters int32 [tiles] (zeroed once at allocation, re-armed by the kernel;
 read only when S > 1), num_experts = local E, n, k, num_routes = T*k, top_k, max_tiles = expert_offset,
@@ -181,8 +188,8 @@ class Sm90W4A16DecodeGemv:
             grid = [cutlass.max(cutlass.min(upr * rows * num_splits, Int32(self.ctas)), Int32(1)), 1, 1]
         else:
             grid = [upr, rows, num_splits]
-        self.kernel(w, act, out, sorted_routes, topk_weights, ws, counters, num_experts, n, k, num_routes, top_k,
-                    max_tiles, num_splits).launch(
+        self.kernel(w, act, out, sorted_routes, route_start, topk_weights, ws, counters, num_experts, n, k,
+                    num_routes, top_k, max_tiles, num_splits).launch(
             grid=grid,
             block=[self.threads, 1, 1],
             stream=stream,
@@ -197,6 +204,7 @@ class Sm90W4A16DecodeGemv:
         act: cute.Pointer,
         out: cute.Pointer,
         ids: cute.Pointer,
+        bias_tab: cute.Pointer,
         topk_weights: cute.Pointer,
         ws: cute.Pointer,
         counters: cute.Pointer,
@@ -225,7 +233,8 @@ class Sm90W4A16DecodeGemv:
         # (decode.family.num_parts)
         num_parts = cutlass.max(cutlass.min(Int32(self.W) * num_splits, (units + (self.U - 1)) // self.U), 1)
         per = (units + num_parts - 1) // num_parts
-        sp = (ws, counters, num_splits, st.flag.data_ptr().toint(), st.part.data_ptr().toint())
+        sp = (ws, counters, num_splits, st.flag.data_ptr().toint(), st.part.data_ptr().toint(),
+              (bias_tab, g_ids, g_tw, top_k, expert_offset, num_experts))
         wrow = Int64(n // (64 * X)) * Int64(k // self.BK) * Int64(self.chunk)  # bytes per expert
         up = const_expr(self.cfg.mode == "gate_up")
         if const_expr(up):
@@ -485,7 +494,7 @@ class Sm90W4A16DecodeGemv:
         split (``S > 1``), publish them as split ``z``'s partial of output tile ``tile`` and let the tile's
         last CTA sum the ``S`` partials in split order and store the outputs."""
         X, W = self.X, self.W
-        ws, counters, num_splits, flag, part = sp
+        ws, counters, num_splits, flag, part, bctx = sp
         va = cute.make_rmem_tensor((4,), Float32)
         ua = cute.make_rmem_tensor((4,), Float32)
         if lane % 4 == 0:
@@ -504,7 +513,7 @@ class Sm90W4A16DecodeGemv:
                 if const_expr(self.cfg.gated):
                     for kk in cutlass.range_constexpr(W):
                         u = u + ptx.i32_as_f32(ptx.ld_shared_b32(red + ((kk * X + x + X // 2) * 16 + rr) * 4))
-                self._store(out, v, u, x, rr, s, nb, n, orow)
+                self._store(out, v, u, x, rr, s, nb, n, orow, bctx)
         else:
             # split-K across CTAs (the grouped GEMMs' protocol, common.epilogue.publish_split): partial
             # (staged in `part`) -> ws, fence, per-tile arrival counter; the last arrival re-arms it and sums
@@ -546,21 +555,40 @@ class Sm90W4A16DecodeGemv:
                             for q in cutlass.range_constexpr(4):
                                 ua[q] = ua[q] + ptx.i32_as_f32(b[q])
                     for q in cutlass.range_constexpr(4):
-                        self._store(out, va[q], ua[q], x, r0 + q, s, nb, n, orow)
+                        self._store(out, va[q], ua[q], x, r0 + q, s, nb, n, orow, bctx)
 
     @cute.jit
-    def _store(self, out, v, u, x, rr, s, nb, n, orow):
+    def _store(self, out, v, u, x, rr, s, nb, n, orow, bctx):
         """Output ``(x, rr)`` of this CTA (row ``rr`` of m64 block ``x``'s slice ``s``): the activation of the
-        gate sum ``v`` (and up sum ``u``, gated) for gate_up, ``v`` for down, to ``out[orow, col]``."""
+        gate sum ``v`` (and up sum ``u``, gated) for gate_up, ``v`` for down, to ``out[orow, col]``; with
+        ``bias``, the expert's bias first (``bctx``: bias table, ids, topk_weights, top_k, expert_offset, E)."""
         X = self.X
         cfg = self.cfg
         if const_expr(cfg.gated):
+            col = nb * (32 * X) + 64 * x + 16 * s + rr
+        else:
+            col = nb * (64 * X) + 64 * x + 16 * s + rr
+        if const_expr(cfg.bias):
+            tab, g_ids, g_tw, top_k, expert_offset, num_experts = bctx
+            if const_expr(cfg.mode == "gate_up"):
+                e = g_ids[orow] - expert_offset  # a valid route: invalid ones exit before storing
+                g_b = cute.make_tensor(tab, cute.make_layout((e + 1) * n))
+                v = v + ptx.i32_as_f32(g_b[e * n + col])
+                if const_expr(cfg.gated):
+                    u = u + ptx.i32_as_f32(g_b[e * n + n // 2 + col])
+            else:
+                g_b = cute.make_tensor(tab, cute.make_layout(num_experts * n))
+                for j in cutlass.range(top_k, unroll=1):
+                    r = orow * top_k + j
+                    ej = g_ids[r] - expert_offset
+                    if ej >= 0:
+                        if ej < num_experts:
+                            v = v + g_tw[r] * ptx.i32_as_f32(g_b[ej * n + col])
+        if const_expr(cfg.gated):
             val = act(cfg.activation, v, u)
             ldo = n // 2
-            col = nb * (32 * X) + 64 * x + 16 * s + rr
         else:
             val = act(cfg.activation, v, v) if const_expr(cfg.mode == "gate_up") else v
             ldo = n
-            col = nb * (64 * X) + 64 * x + 16 * s + rr
         g_out = cute.make_tensor(out, cute.make_layout((orow + 1) * ldo))
         g_out[orow * ldo + col] = val.to(g_out.element_type)
