@@ -212,7 +212,7 @@ def write_gptq(path: str, e: int = 4, h: int = 128, i: int = 256, group: Optiona
         if desc_act and (proj == "down_proj" or act_order_w13):
             g_idx = g_idx[torch.argsort(torch.rand(k, generator=gen))]  # channels scattered over groups
             if proj == "up_proj":  # gate and up see the same input x, hence the same act order (GPTQ's H diag)
-                g_idx = shared.get(x, g_idx)
+                g_idx = shared.get(x, g_idx).clone()
             shared[x] = g_idx
         q, scales, zeros = gptq_quantize(w, group, sym, g_idx)
         qweight, qzeros = gptq_pack(q, zeros, v1)
