@@ -30,7 +30,9 @@ here, once, for every provider: expert ``e`` computes ``w13_e @ x[w13_perm[e]]``
 ``xg [T*k, H]``, ``xg[r] = x[r // k][w13_perm[e_r]]`` (in chunks of routes, the int64 index at most 64 MiB;
 no host sync, CUDA-graph safe), runs the provider's per-route half (:func:`w4a16_moe.routes.expert_routes`,
 top-1 over ``T*k`` rows, the weights without the permutation) and combines the routes in FP32 in fixed
-top-k order: the result is deterministic for both ``finalize`` modes (``fused`` takes the same path). A
+top-k order (:func:`w4a16_moe.routes.combine_routes`: torch ops for the reference's FP32 routes, one Triton
+finalize kernel for the GPU providers'): the result is deterministic for both ``finalize`` modes (``fused``
+takes the same path). A
 masked call gathers ``x[e, :, w13_perm[e]]`` and runs the provider's masked path.
 """
 
@@ -136,7 +138,7 @@ def permuted_routes_input(x: torch.Tensor, w13_perm: torch.Tensor, local: torch.
 
 def _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, out, global_num_experts):
     """A routed call with ``w13_perm``: gather x per route, the provider's per-route half (top-1), FP32 combine."""
-    from .reference import combine_routes
+    from .routes import combine_routes
 
     t, k = topk_ids.shape
     if t == 0:
@@ -150,7 +152,7 @@ def _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, o
                               global_num_experts=global_num_experts)
     decision = select_provider(rcall, resolve_backend(backend))
     y, _ = get_provider(decision.provider).expert_routes(decision.plan, rcall, xg, weights, local_ids)
-    out.copy_(combine_routes(y.view(t, k, -1), topk_weights, valid.view(t, k)))
+    out.copy_(combine_routes(y.view(t, k, -1), topk_weights, valid.view(t, k), x.dtype))
 
 
 def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
