@@ -203,8 +203,8 @@ class MoEWeights:
     ``w2`` holds ``[E, H, I]``. Optional per-expert biases (gpt-oss): ``w13_bias [E, 2I|I]`` (same row
     order as ``w13``) and ``w2_bias [E, H]``, FP32 or BF16, added after each GEMM. Optional ``w13_perm``
     int32 ``[E, H]`` (int64 accepted, stored as int32): GPTQ act order over the hidden size, each row a
-    permutation of ``0..H-1``; expert ``e`` computes ``w13_e @ x[w13_perm[e]]`` (see the module docstring). Build it with
-    :func:`w4a16_moe.quantize_experts`, :func:`w4a16_moe.load_experts` or one of the ``from_*``
+    permutation of ``0..H-1``; expert ``e`` computes ``w13_e @ x[w13_perm[e]]`` (see the module docstring).
+    Build it with :func:`w4a16_moe.quantize_experts`, :func:`w4a16_moe.load_experts` or one of the ``from_*``
     converters; every provider reads it through :meth:`packed_for`.
     """
 
