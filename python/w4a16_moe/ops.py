@@ -127,7 +127,9 @@ def permuted_routes_input(x: torch.Tensor, w13_perm: torch.Tensor, local: torch.
     xg = x.new_empty(r, h)
     flat = x.reshape(-1)
     chunk = max(1, _GATHER_ELEMS // h)
-    rows = torch.arange(r, device=x.device) // top_k * h  # [R]: offset of each route's token row in flat x
+    # [R]: offset of each route's token row in flat x (routes are token-major: R = T * top_k)
+    t = r // top_k
+    rows = torch.arange(0, t * h, h, device=x.device)[:, None].expand(t, top_k).reshape(r)
     for s in range(0, r, chunk):
         sl = slice(s, min(s + chunk, r))
         idx = w13_perm.index_select(0, local[sl]).to(torch.int64)  # [c, H]
@@ -144,7 +146,9 @@ def _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, o
     if t == 0:
         return
     e = weights.num_experts
-    local = topk_ids.reshape(-1).long() - call.expert_offset
+    local = topk_ids.reshape(-1).long()
+    if call.expert_offset:
+        local = local - call.expert_offset
     valid = (local >= 0) & (local < e)
     xg = permuted_routes_input(x, w13_perm, local.clamp(0, e - 1), k)
     local_ids = torch.where(valid, local, -1).to(torch.int32).view(t * k, 1)
