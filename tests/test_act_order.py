@@ -240,3 +240,25 @@ def test_warmup_with_a_permutation_runs():
     w = _layer(32, True, "swiglu").weights
     tokens = wm.warmup(w, dtype=torch.float16, top_k=2, max_tokens=8, backend="reference", masked_capacity=2)
     assert tokens and max(tokens) <= 8
+
+
+def test_warmup_loads_and_tunes_the_top1_call(monkeypatch):
+    """With a w13_perm, warmup loads (and tunes) the CuTe kernels of the call the op runs: top-1 over T*k rows,
+    deterministic, the weights without the permutation (the CuTe side recorded, not run)."""
+    from types import SimpleNamespace
+
+    from w4a16_moe import providers
+    from w4a16_moe.kernels.cute import autotune, provider
+
+    w = _layer(32, True, "swiglu").weights
+    seen = {}
+    monkeypatch.setattr(providers, "select_provider", lambda call, backend, info=None: SimpleNamespace(provider="cute"))
+    monkeypatch.setattr(provider, "cute_warmup", lambda weights, dtype, act, t, k, finalizes, global_experts: seen.update(
+        warm=(weights.w13_perm, t, k, finalizes)))
+    monkeypatch.setattr(autotune, "autotune_layer", lambda weights, dtype, act, k, t, fins, *a, **kw: seen.update(
+        tune=(weights.w13_perm, t, k, fins)))
+    wm.warmup(w, dtype=torch.float16, top_k=4, max_tokens=8, backend="reference", autotune=True)
+    assert seen["warm"] == (None, 32, 1, ("deterministic",)) and seen["tune"] == (None, 32, 1, ("deterministic",))
+    seen.clear()
+    wm.warmup(w.without_w13_perm(), dtype=torch.float16, top_k=4, max_tokens=8, backend="reference", autotune=True)
+    assert seen["warm"] == (None, 8, 4, ("deterministic", "fused"))
