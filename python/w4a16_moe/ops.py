@@ -32,8 +32,8 @@ no host sync, CUDA-graph safe), runs the provider's per-route half (:func:`w4a16
 top-1 over ``T*k`` rows, the weights without the permutation) and combines the routes in FP32 in fixed
 top-k order (:func:`w4a16_moe.routes.combine_routes`: torch ops for the reference's FP32 routes, one Triton
 finalize kernel for the GPU providers'): the result is deterministic for both ``finalize`` modes (``fused``
-takes the same path). A
-masked call gathers ``x[e, :, w13_perm[e]]`` and runs the provider's masked path.
+takes the same path). A masked call gathers ``x[e, :, w13_perm[e]]`` and runs the provider's masked path. Only
+the permutation's metadata is checked here (its values, once, when :class:`MoEWeights` is built).
 """
 
 from __future__ import annotations
