@@ -204,13 +204,16 @@ def write_gptq(path: str, e: int = 4, h: int = 128, i: int = 256, group: Optiona
                checkpoint_format: str = "gptq"):
     v1 = checkpoint_format == "gptq"
     gen = torch.Generator().manual_seed(seed + 1)
-    tensors, deq = {}, {}
+    tensors, deq, shared = {}, {}, {}
     for (x, proj), w in dense_experts(e, h, i, seed).items():
         k = w.shape[1]
         gsz = k if group is None else group
         g_idx = torch.arange(k, dtype=torch.int32) // gsz
         if desc_act and (proj == "down_proj" or act_order_w13):
             g_idx = g_idx[torch.argsort(torch.rand(k, generator=gen))]  # channels scattered over groups
+            if proj == "up_proj":  # gate and up see the same input x, hence the same act order (GPTQ's H diag)
+                g_idx = shared.get(x, g_idx).clone()
+            shared[x] = g_idx
         q, scales, zeros = gptq_quantize(w, group, sym, g_idx)
         qweight, qzeros = gptq_pack(q, zeros, v1)
         base = f"{PREFIX}.{x}.{proj}"

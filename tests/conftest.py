@@ -130,3 +130,42 @@ def run_cute_moe(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize
     assert not torch.isnan(out).any()
     assert nrmse(out, ref) < tol, nrmse(out, ref)
     return x, tw, ids, out
+
+
+def gptq_act_order_layer(e, h, i, *, group=32, sym=True, activation="swiglu", act_order_w13=True,
+                         act_order_w2=True, checkpoint_format="gptq", seed=0):
+    """A GPTQ layer with random per-expert act order (``g_idx``), quantized and packed like AutoGPTQ
+    (:mod:`checkpoint_writers`) and loaded with ``from_gptq``. Returns a namespace: ``weights``; ``w13``
+    ``[E, 2I|I, H]`` / ``w2 [E, H, I]``, the library's dequantization (in the scales' dtype, checkpoint order);
+    ``w13_fp32`` / ``w2_fp32``, the same formula in FP32 (exact); ``g13 [E, H]`` / ``g2 [E, I]``, the group
+    indices."""
+    from types import SimpleNamespace
+
+    import w4a16_moe as wm
+    import checkpoint_writers as cw
+
+    gen = torch.Generator().manual_seed(seed)
+    v1 = checkpoint_format == "gptq"
+    n13 = 2 * i if wm.get_activation(activation).gated else i
+    parts = {k: [] for k in ("qw13", "qz13", "s13", "qw2", "qz2", "s2", "g13", "g2", "d13", "d2", "x13", "x2")}
+    for _ in range(e):
+        for tag, n, k, on in (("13", n13, h, act_order_w13), ("2", h, i, act_order_w2)):
+            w = torch.randn(n, k, generator=gen) / k**0.5
+            gsz = k if group is None else group
+            g_idx = torch.arange(k, dtype=torch.int32) // gsz
+            if on:
+                g_idx = g_idx[torch.randperm(k, generator=gen)]
+            q, scales, zeros = cw.gptq_quantize(w, group, sym, g_idx)
+            qweight, qzeros = cw.gptq_pack(q, zeros, v1)
+            parts["qw" + tag].append(qweight)
+            parts["qz" + tag].append(qzeros)
+            parts["s" + tag].append(scales)
+            parts["g" + tag].append(g_idx)
+            parts["d" + tag].append(cw.gptq_dequantize(qweight, qzeros, scales, g_idx, v1))
+            parts["x" + tag].append(cw.gptq_dequantize(qweight, qzeros, scales.float(), g_idx, v1))
+    st = {k: torch.stack(v) for k, v in parts.items()}
+    w = wm.MoEWeights.from_gptq(st["qw13"], st["s13"], st["qw2"], st["s2"], group_size=group,
+                                w13_qzeros=st["qz13"], w2_qzeros=st["qz2"], w13_g_idx=st["g13"], w2_g_idx=st["g2"],
+                                sym=sym, checkpoint_format=checkpoint_format, activation=activation)
+    return SimpleNamespace(weights=w, w13=st["d13"], w2=st["d2"], w13_fp32=st["x13"], w2_fp32=st["x2"],
+                           g13=st["g13"], g2=st["g2"])

@@ -37,6 +37,9 @@ def _bits_equal(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def _same(a: wm.MoEWeights, b: wm.MoEWeights) -> None:
     assert a.scheme == b.scheme and a.gated == b.gated
+    assert (a.w13_perm is None) == (b.w13_perm is None)
+    if a.w13_perm is not None:
+        assert torch.equal(a.w13_perm, b.w13_perm), "w13_perm"
     for ma, mb in ((a.w13, b.w13), (a.w2, b.w2)):
         for k, t in ma.tensors().items():
             u = mb.tensors()[k]
@@ -241,6 +244,7 @@ SLICE_CASES = [
     ("ct-nvfp4", dict(kind="nvfp4")), ("ct-mxfp4", dict(kind="mxfp4")),
     ("gptq-64-False-False-gptq", dict(group=64, sym=False, desc_act=False, checkpoint_format="gptq")),
     ("gptq-64-True-True-gptq", dict(group=64, sym=True, desc_act=True, checkpoint_format="gptq")),
+    ("gptq-32-False-True-gptq-w13-h128", dict(group=32, sym=False, desc_act=True, act_order_w13=True)),
     ("awq", dict(group=64)), ("modelopt-True", dict(in_config=True)), ("gptoss", {}),
 ]
 
@@ -406,11 +410,45 @@ def test_unsupported_compressed_tensors_strategy_raises(tmp_path):
         wm.load_experts(path, cw.PREFIX)
 
 
-def test_gptq_act_order_on_hidden_size_raises(tmp_path):
-    path = str(tmp_path / "g")
-    cw.write_gptq(path, e=2, h=128, i=128, group=32, desc_act=True, act_order_w13=True)
-    with pytest.raises(wm.CheckpointError, match="w13_g_idx: act order .* over the hidden size"):
-        wm.load_experts(path, cw.PREFIX)
+@pytest.mark.parametrize("group,sym,fmt", [(32, True, "gptq"), (64, False, "gptq"), (128, False, "gptq_v2")])
+def test_gptq_act_order_on_hidden_size_loads(ckpts, group, sym, fmt):
+    """desc_act over H (gate/up's input) too: the layer keeps w13_perm (argsort of the shared gate/up g_idx)
+    and dequantize() returns w13 in checkpoint column order, bit for bit against the library's formula."""
+    path, (w13, w2) = ckpts(f"gptq-{group}-{sym}-True-{fmt}-w13", group=group, sym=sym, desc_act=True,
+                            act_order_w13=True, h=256, checkpoint_format=fmt)
+    w = wm.load_experts(path, cw.PREFIX)
+    g13 = torch.stack(list(_g_idx(path, "gate_proj")))
+    assert torch.equal(g13, torch.stack(list(_g_idx(path, "up_proj"))))
+    assert torch.equal(w.w13_perm, torch.argsort(g13.long(), dim=1, stable=True).int())
+    got13, got2 = w.dequantize()
+    p2 = torch.argsort(torch.stack(list(_g_idx(path, "down_proj"))).long(), dim=1, stable=True)
+    rows = torch.cat((p2, p2 + 256), dim=1)  # w13's rows follow w2's act order over I
+    _bits_equal(got13.to(w13.dtype), torch.gather(w13, 1, rows[:, :, None].expand_as(w13)))
+    back = torch.empty_like(got2).scatter_(2, p2[:, None, :].expand_as(got2), got2)
+    _bits_equal(back.to(w2.dtype), w2)
+    # the layer: reference_moe and the op-level gather against the checkpoint-order dense weights
+    x = torch.randn(5, 256).half()
+    tw, ids = torch.softmax(torch.randn(5, 2), 1), torch.tensor([[0, 3], [1, 2], [3, -1], [2, 0], [1, 1]])
+    dense = torch.zeros(5, 256, dtype=torch.float64)
+    for t in range(5):
+        for j in range(2):
+            e = int(ids[t, j])
+            if e >= 0:
+                h = x[t].double() @ w13[e].double().t()
+                a = torch.nn.functional.silu(h[:256]) * h[256:]
+                dense[t] += float(tw[t, j]) * (a @ w2[e].double().t())
+    ref = wm.reference_moe(x, w, tw, ids)
+    torch.testing.assert_close(ref.double(), dense, rtol=2e-3, atol=2e-3)  # library weights rounded to FP16
+    got = wm.fused_moe(x, w, tw, ids, backend="reference")
+    torch.testing.assert_close(got.float(), ref.half().float(), rtol=2e-3, atol=2e-4)
+    # expert and TP slices equal cutting the full load, the permutation included
+    ep = wm.load_experts(path, cw.PREFIX, experts=range(2, 4))
+    _same(ep, shard_experts(w, 1, 2))
+    assert torch.equal(ep.w13_perm, w.w13_perm[2:4])
+    for rank in range(2):
+        tp = wm.load_experts(path, cw.PREFIX, tp=(rank, 2), experts=range(1, 3))
+        _same(tp, shard_intermediate(wm.load_experts(path, cw.PREFIX, experts=range(1, 3)), rank, 2))
+        assert torch.equal(tp.w13_perm, w.w13_perm[1:3])
 
 
 def test_bad_arguments_raise(ckpts, tmp_path):

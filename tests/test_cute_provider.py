@@ -145,6 +145,38 @@ def test_cuda_graph_capture_and_replay():
         _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
 
 
+@pytest.mark.parametrize("backend,decode", [("cute", "0"), ("cute", "1"), ("triton", "0")])
+@pytest.mark.parametrize("group,sym", [(32, True), (128, False)])
+def test_gptq_act_order_over_h(monkeypatch, backend, decode, group, sym):
+    """GPTQ act order over H (``w13_perm``): the torch op gathers x per route and runs the provider's per-route
+    half as top-1 rows; both finalize modes against the reference (which un-permutes the weights instead),
+    poisoned outputs, invalid routes, and (cute) a CUDA-graph capture after ``warmup``."""
+    from conftest import gptq_act_order_layer
+
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", decode)
+    w = gptq_act_order_layer(8, 512, 256, group=group, sym=sym, seed=3).weights.to("cuda")
+    assert w.w13_perm is not None
+    for t in (1, 37):
+        x = torch.randn(t, 512, device="cuda").to(torch.bfloat16)
+        tw, ids = random_routing(t, 2, 9, seed=t, device="cuda")  # id 8 belongs to nobody
+        ref = wm.reference_moe(x, w, tw, ids)
+        for fin in ("deterministic", "fused"):
+            out = torch.full_like(x, float("nan"))
+            wm.fused_moe(x, w, tw, ids, finalize=fin, backend=backend, out=out)
+            assert not torch.isnan(out).any()
+            assert nrmse(out, ref) < TOL, (t, fin, nrmse(out, ref))
+        assert nrmse(wm.fused_moe(x, w.without_w13_perm(), tw, ids, backend=backend), ref) > 0.1
+    if backend == "cute":
+        wm.warmup(w, dtype=torch.bfloat16, top_k=2, max_tokens=37, backend="cute")
+        x = torch.randn(37, 512, device="cuda").to(torch.bfloat16)
+        tw, ids = random_routing(37, 2, 8, seed=5, device="cuda")
+        out = torch.full_like(x, float("nan"))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            wm.fused_moe(x, w, tw, ids, backend="cute", out=out)
+        _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
+
+
 def test_first_use_inside_capture_raises():
     w = _weights("int4_g128", seed=9)  # never packed nor warmed up
     x = torch.randn(4, w.hidden_size, device="cuda").to(torch.bfloat16)

@@ -23,8 +23,12 @@ E, H, I, K = 8, 64, 64, 3
 OAI = "swiglu_oai(alpha=1.5,limit=2.0)"
 
 
-def _setup(world, seed=0, scheme="int4_g32", device="cpu", bias=False):
+def _setup(world, seed=0, scheme="int4_g32", device="cpu", bias=False, perm=False):
     full = random_weights(scheme, E, H, I, dtype=torch.float16, seed=seed)
+    if perm:  # GPTQ act order over H and I: the experts carry a w13_perm
+        from conftest import gptq_act_order_layer
+
+        full = gptq_act_order_layer(E, H, I, group=32, seed=seed).weights
     if bias:  # gpt-oss experts: both biases
         full = with_biases(full, scale=1.0)
     data = []
@@ -40,9 +44,10 @@ def _worker(rank, world, init_file, mode, result_file):
     try:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
         bias = mode.endswith("_bias")
-        mode = mode.removesuffix("_bias")
+        perm = mode.endswith("_perm")
+        mode = mode.removesuffix("_bias").removesuffix("_perm")
         act = OAI if bias else "swiglu"
-        full, data = _setup(world, bias=bias)
+        full, data = _setup(world, bias=bias, perm=perm)
         x, tw, ids = data[rank]
         out = {}
         if mode == "ep":
@@ -113,6 +118,21 @@ def test_ep_and_tp_with_biases_and_swiglu_oai():
     ref = wm.reference_moe(x, full, tw, ids, activation=OAI)
     for r in range(2):
         assert nrmse(results[r]["tp"], ref) < 0.01
+
+
+def test_ep_and_tp_with_act_order_over_h():
+    """Experts with a w13_perm: the EP halves gather x per route on the expert's rank, and EP equals one process
+    bit for bit; the TP shards keep the permutation."""
+    full, data = _setup(2, perm=True)
+    assert full.w13_perm is not None
+    results = _spawn(2, "ep_perm")
+    for r, (x, tw, ids) in enumerate(data):
+        assert torch.equal(results[r]["det"], wm.fused_moe(x, full, tw, ids, backend="reference")), f"rank {r}"
+        assert nrmse(results[r]["fused"], wm.reference_moe(x, full, tw, ids)) < 0.01
+    results = _spawn(2, "tp_perm")
+    x, tw, ids = data[0]
+    for r in range(2):
+        assert nrmse(results[r]["tp"], wm.reference_moe(x, full, tw, ids)) < 0.01
 
 
 def test_ep_weights_differ_across_ranks():

@@ -829,3 +829,22 @@ def test_gpu_bias_oai_cuda_graph_and_compile(finalize):
     torch._dynamo.reset()
     compiled = torch.compile(lambda x, tw, ids: wm.fused_moe(x, w, tw, ids, **kw) * 2, fullgraph=True)
     assert_matches(compiled(x, tw, ids) / 2, reference_moe(x, w, tw, ids, activation=OAI_CUSTOM))
+
+
+@pytest.mark.parametrize("finalize", FINALIZE)
+def test_gptq_act_order_over_h(finalize):
+    """Weights with a ``w13_perm`` (GPTQ act order over H) through ``fused_moe(backend="triton")``: the op gathers x
+    per route and runs the Triton per-route half as top-1 rows (invalid and foreign ids included), and masked."""
+    import w4a16_moe as wm
+    from conftest import gptq_act_order_layer
+
+    experts, hidden, inter = 4, 128, 64
+    w = gptq_act_order_layer(experts, hidden, inter, group=32, sym=False, seed=2).weights.to(DEV)
+    for tokens in (1, 6):
+        x, tw, ids = make_inputs(tokens, hidden, 2, experts, offset=1, invalid=True, seed=tokens)
+        out = torch.full_like(x, float("nan"))
+        wm.fused_moe(x, w, tw, ids, finalize=finalize, expert_offset=1, backend="triton", out=out)
+        assert_matches(out, reference_moe(x, w, tw, ids, expert_offset=1))
+    xm = torch.randn(experts, 3, hidden).half().to(DEV)
+    mm = torch.tensor([3, 0, 2, 1], dtype=torch.int32, device=DEV)
+    assert_matches(wm.fused_moe_masked(xm, w, mm, backend="triton"), reference_moe_masked(xm, w, mm))

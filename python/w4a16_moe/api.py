@@ -98,6 +98,8 @@ def fused_moe(
         x: ``[T, H]`` BF16 or FP16, contiguous, on a CUDA GPU.
         weights: the layer's local experts (:class:`MoEWeights`), on x's device; their optional
             per-expert biases (``w13_bias``, ``w2_bias``) are added after the first and the second GEMM.
+            With a ``w13_perm`` (GPTQ act order over H) each route's row of x is gathered first and the
+            routes are combined in FP32 in top-k order for both ``finalize`` modes (deterministic).
         topk_weights: ``[T, k]`` FP32 routing weights (used as given: no renormalization).
         topk_ids: ``[T, k]`` int32 (int64 accepted) global expert ids. Local experts are ids
             ``expert_offset .. expert_offset + E - 1``; any other id (-1 included) contributes nothing.
@@ -127,8 +129,8 @@ def fused_moe(
     args = (x, *ops.weight_args(weights), topk_weights, topk_ids, weights.scheme.name, activation, finalize,
             expert_offset, backend)
     if out is None:
-        return torch.ops.w4a16_moe.fused_moe(*args, global_num_experts)
-    torch.ops.w4a16_moe.fused_moe_out(*args, out, global_num_experts)
+        return torch.ops.w4a16_moe.fused_moe(*args, global_num_experts, weights.w13_perm)
+    torch.ops.w4a16_moe.fused_moe_out(*args, out, global_num_experts, weights.w13_perm)
     return out
 
 
@@ -155,7 +157,7 @@ def fused_moe_masked(
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
     return torch.ops.w4a16_moe.fused_moe_masked(
-        x, *ops.weight_args(weights), masked_m, weights.scheme.name, activation, backend
+        x, *ops.weight_args(weights), masked_m, weights.scheme.name, activation, backend, weights.w13_perm
     )
 
 
@@ -196,6 +198,10 @@ def warmup(
 
     ``global_num_experts``: the hint the layer's :func:`fused_moe` calls will pass (expert parallelism); the
     plans warmed up and tuned are those of calls carrying it (a layer tuned with the hint is tuned apart).
+
+    Weights with a ``w13_perm`` (act order over H) run every call as the top-1 per-route half over ``T*k`` rows
+    (:mod:`w4a16_moe.ops`): the CuTe kernels are loaded and tuned for that equivalent call (top-1, up to
+    ``max_tokens * top_k`` rows, deterministic), and the real calls below take the permuted path.
     """
     if not isinstance(weights, MoEWeights):
         raise TypeError(f"weights: expected w4a16_moe.MoEWeights, got {type(weights).__name__}")
@@ -218,6 +224,11 @@ def warmup(
             raise ValueError(f"autotune_budget_s: expected a positive number of seconds, got {autotune_budget_s!r}")
     dev = weights.device
     e = weights.num_experts
+    # act order over H: every call runs as the top-1 per-route half over T*k rows of the weights without the
+    # permutation (ops.py); that is the layer the CuTe kernels are loaded and tuned for
+    plain = weights if weights.w13_perm is None else weights.without_w13_perm()
+    k_run, t_run, fin_run = (top_k, max_tokens, tuple(finalize)) if plain is weights else \
+        (1, max_tokens * top_k, ("deterministic",))
     from .providers import resolve_backend, select_provider
     from .validate import check_moe_call
 
@@ -233,9 +244,9 @@ def warmup(
         if autotune:
             from .kernels.cute.autotune import autotune_layer
 
-            autotune_layer(weights, dtype, activation, top_k, max_tokens, tuple(finalize), autotune_budget_s,
+            autotune_layer(plain, dtype, activation, k_run, t_run, fin_run, autotune_budget_s,
                            autotune_jit, global_experts=g)
-        cute_warmup(weights, dtype, activation, max_tokens, top_k, finalizes=tuple(finalize), global_experts=g)
+        cute_warmup(plain, dtype, activation, t_run, k_run, finalizes=fin_run, global_experts=g)
     for t in tokens:
         x = torch.zeros(t, weights.hidden_size, dtype=dtype, device=dev)
         ids = (torch.arange(t * top_k, device=dev, dtype=torch.int32).view(t, top_k) % e) + expert_offset

@@ -46,7 +46,7 @@ __all__ = ["ep_moe", "tp_moe", "shard_experts", "shard_intermediate"]
 
 def shard_experts(weights: MoEWeights, rank: int, world: int) -> MoEWeights:
     """The experts ``rank * E/world .. (rank+1) * E/world - 1`` of ``weights`` (for :func:`ep_moe`), with
-    their rows of the biases."""
+    their rows of the biases and of ``w13_perm``."""
     e = weights.num_experts
     if world < 1 or not 0 <= rank < world:
         raise ValueError(f"rank: expected 0 <= rank < world ({world}), got {rank}")
@@ -56,7 +56,8 @@ def shard_experts(weights: MoEWeights, rank: int, world: int) -> MoEWeights:
     sl = slice(rank * n, (rank + 1) * n)
     return MoEWeights(weights.scheme, weights.w13.map(lambda t: t[sl].contiguous()),
                       weights.w2.map(lambda t: t[sl].contiguous()), weights.gated,
-                      _cut(weights.w13_bias, lambda b: b[sl]), _cut(weights.w2_bias, lambda b: b[sl]))
+                      _cut(weights.w13_bias, lambda b: b[sl]), _cut(weights.w2_bias, lambda b: b[sl]),
+                      _cut(weights.w13_perm, lambda p: p[sl]))
 
 
 def _cut(bias: Optional[torch.Tensor], fn) -> Optional[torch.Tensor]:
@@ -68,7 +69,8 @@ def shard_intermediate(weights: MoEWeights, rank: int, world: int) -> MoEWeights
 
     ``w13`` keeps gate rows and up rows ``[rank*I/world, (rank+1)*I/world)``; ``w2`` keeps those columns.
     ``w13_bias`` keeps the same rows; ``w2_bias`` (per output row, not split by a K slice) goes to rank 0 only,
-    so the all-reduce of :func:`tp_moe` adds it once (as ``load_experts(tp=...)`` does).
+    so the all-reduce of :func:`tp_moe` adds it once (as ``load_experts(tp=...)`` does). ``w13_perm`` (over H,
+    not split) is kept.
     """
     i = weights.intermediate_size
     if world < 1 or not 0 <= rank < world:
@@ -101,7 +103,7 @@ def shard_intermediate(weights: MoEWeights, rank: int, world: int) -> MoEWeights
     w2 = QuantizedMatrix(weights.scheme, *(None if t is None else cut_w2(t, k) for k, t in weights.w2.tensors().items()))
     b13 = _cut(weights.w13_bias, lambda b: b[:, rows.to(b.device)])
     b2 = _cut(weights.w2_bias, lambda b: b) if rank == 0 else None
-    return MoEWeights(weights.scheme, w13, w2, weights.gated, b13, b2)
+    return MoEWeights(weights.scheme, w13, w2, weights.gated, b13, b2, weights.w13_perm)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -14,16 +14,26 @@ w13_bias?, w2_bias?``; ``activation`` is the canonical string form of :mod:`w4a1
 included, e.g. ``"swiglu_oai(alpha=1.5,limit=10.0)"``)::
 
     fused_moe(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend,
-              global_num_experts=None) -> Tensor
+              global_num_experts=None, w13_perm=None) -> Tensor
     fused_moe_out(x, W, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out!,
-                  global_num_experts=None) -> ()
-    fused_moe_masked(x, W, masked_m, scheme, activation, backend) -> Tensor
+                  global_num_experts=None, w13_perm=None) -> ()
+    fused_moe_masked(x, W, masked_m, scheme, activation, backend, w13_perm=None) -> Tensor
 
-``global_num_experts`` (``int?``, last so that existing positional calls keep working) is the expert-parallel
-selection hint of :func:`w4a16_moe.fused_moe`; it is checked and carried in the call description
-(:class:`~w4a16_moe.validate.MoECall` ``global_experts``), which is all selection reads. These schemas are
-defined here in Python (the C++ library ``w4a16_moe_C`` only launches kernels), and selection happens in
-Python inside the op.
+``global_num_experts`` (``int?``, after the original arguments so that existing positional calls keep working)
+is the expert-parallel selection hint of :func:`w4a16_moe.fused_moe`; it is checked and carried in the call
+description (:class:`~w4a16_moe.validate.MoECall` ``global_experts``), which is all selection reads. These
+schemas are defined here in Python (the C++ library ``w4a16_moe_C`` only launches kernels), and selection
+happens in Python inside the op.
+
+``w13_perm`` (``Tensor?``, last; :attr:`MoEWeights.w13_perm`, GPTQ act order over the hidden size) is applied
+here, once, for every provider: expert ``e`` computes ``w13_e @ x[w13_perm[e]]``, so a routed call gathers
+``xg [T*k, H]``, ``xg[r] = x[r // k][w13_perm[e_r]]`` (in chunks of routes, the int64 index at most 64 MiB;
+no host sync, CUDA-graph safe), runs the provider's per-route half (:func:`w4a16_moe.routes.expert_routes`,
+top-1 over ``T*k`` rows, the weights without the permutation) and combines the routes in FP32 in fixed
+top-k order (:func:`w4a16_moe.routes.combine_routes`: torch ops for the reference's FP32 routes, one Triton
+finalize kernel for the GPU providers'): the result is deterministic for both ``finalize`` modes (``fused``
+takes the same path). A masked call gathers ``x[e, :, w13_perm[e]]`` and runs the provider's masked path. Only
+the permutation's metadata is checked here (its values, once, when :class:`MoEWeights` is built).
 """
 
 from __future__ import annotations
@@ -33,11 +43,11 @@ from typing import Optional
 import torch
 
 from .formats.schemes import get_scheme
-from .formats.weights import MoEWeights, QuantizedMatrix
+from .formats.weights import MoEWeights, QuantizedMatrix, check_w13_perm
 from .providers import get_provider, resolve_backend, select_provider
-from .validate import check_masked_call, check_moe_call
+from .validate import check_masked_call, check_moe_call, check_routes_call
 
-__all__ = ["weight_args", "weights_from_args"]
+__all__ = ["weight_args", "weights_from_args", "permuted_routes_input"]
 
 _W = (
     "Tensor w13_codes, Tensor w13_scales, Tensor? w13_zeros, Tensor? w13_global_scale, "
@@ -48,9 +58,11 @@ _NW = 10  # weight tensors per call (see _W)
 _ROUTED = "Tensor topk_weights, Tensor topk_ids, str scheme, str activation, str finalize, int expert_offset, str backend"
 
 _lib = torch.library.Library("w4a16_moe", "DEF")
-_lib.define(f"fused_moe(Tensor x, {_W}, {_ROUTED}, int? global_num_experts=None) -> Tensor")
-_lib.define(f"fused_moe_out(Tensor x, {_W}, {_ROUTED}, Tensor(a!) out, int? global_num_experts=None) -> ()")
-_lib.define(f"fused_moe_masked(Tensor x, {_W}, Tensor masked_m, str scheme, str activation, str backend) -> Tensor")
+_lib.define(f"fused_moe(Tensor x, {_W}, {_ROUTED}, int? global_num_experts=None, Tensor? w13_perm=None) -> Tensor")
+_lib.define(f"fused_moe_out(Tensor x, {_W}, {_ROUTED}, Tensor(a!) out, int? global_num_experts=None, "
+            "Tensor? w13_perm=None) -> ()")
+_lib.define(f"fused_moe_masked(Tensor x, {_W}, Tensor masked_m, str scheme, str activation, str backend, "
+            "Tensor? w13_perm=None) -> Tensor")
 
 
 def weight_args(w: MoEWeights) -> tuple:
@@ -98,42 +110,99 @@ def _weights(scheme: str, wts: tuple) -> MoEWeights:
                               wts[8], wts[9])
 
 
+def _check_perm(w13_perm, weights: MoEWeights) -> None:
+    if w13_perm is not None:
+        check_w13_perm(w13_perm, weights.num_experts, weights.hidden_size, weights.device)
+
+
+# int64 gather indices per chunk of routes: at most this many elements (64 MiB)
+_GATHER_ELEMS = 2**23
+
+
+def permuted_routes_input(x: torch.Tensor, w13_perm: torch.Tensor, local: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``xg [R, H]`` with ``xg[r] = x[r // top_k][w13_perm[local[r]]]`` for ``local [R]`` int64 expert ids in
+    ``0..E-1`` (clamped by the caller). Gathered in chunks of routes so that the int64 index stays at most
+    64 MiB; no host sync."""
+    r, h = local.shape[0], x.shape[1]
+    xg = x.new_empty(r, h)
+    flat = x.reshape(-1)
+    chunk = max(1, _GATHER_ELEMS // h)
+    # [R]: offset of each route's token row in flat x (routes are token-major: R = T * top_k)
+    t = r // top_k
+    rows = torch.arange(0, t * h, h, device=x.device)[:, None].expand(t, top_k).reshape(r)
+    for s in range(0, r, chunk):
+        sl = slice(s, min(s + chunk, r))
+        idx = w13_perm.index_select(0, local[sl]).to(torch.int64)  # [c, H]
+        idx += rows[sl, None]
+        torch.index_select(flat, 0, idx.view(-1), out=xg[sl].view(-1))
+    return xg
+
+
+def _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, out, global_num_experts):
+    """A routed call with ``w13_perm``: gather x per route, the provider's per-route half (top-1), FP32 combine."""
+    from .routes import combine_routes
+
+    t, k = topk_ids.shape
+    if t == 0:
+        return
+    e = weights.num_experts
+    local = topk_ids.reshape(-1).long()
+    if call.expert_offset:
+        local = local - call.expert_offset
+    valid = (local >= 0) & (local < e)
+    xg = permuted_routes_input(x, w13_perm, local.clamp(0, e - 1), k)
+    local_ids = torch.where(valid, local, -1).to(torch.int32).view(t * k, 1)
+    rcall = check_routes_call(xg, weights, local_ids, activation=call.activation.name,
+                              global_num_experts=global_num_experts)
+    decision = select_provider(rcall, resolve_backend(backend))
+    y, _ = get_provider(decision.provider).expert_routes(decision.plan, rcall, xg, weights, local_ids)
+    out.copy_(combine_routes(y.view(t, k, -1), topk_weights, valid.view(t, k), x.dtype))
+
+
 def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
-                global_num_experts=None):
+                global_num_experts=None, w13_perm=None):
     weights = _weights(scheme, wts)
     call = check_moe_call(
         x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
         expert_offset=expert_offset, out=out, global_num_experts=global_num_experts,
     )
+    if w13_perm is not None:
+        _check_perm(w13_perm, weights)
+        _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, out, global_num_experts)
+        return
     decision = select_provider(call, resolve_backend(backend))
     get_provider(decision.provider).run(decision.plan, call, x, weights, topk_weights, topk_ids, out)
 
 
 @torch.library.impl(_lib, "fused_moe", "CompositeExplicitAutograd")
 def _fused_moe(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias,
-               topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, global_num_experts=None):
+               topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, global_num_experts=None,
+               w13_perm=None):
     wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias)
     out = torch.empty_like(x)
     _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
-                global_num_experts)
+                global_num_experts, w13_perm)
     return out
 
 
 @torch.library.impl(_lib, "fused_moe_out", "CompositeExplicitAutograd")
 def _fused_moe_out(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
                    w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
-                   global_num_experts=None):
+                   global_num_experts=None, w13_perm=None):
     wts = (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias, w2_bias)
     _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,
-                global_num_experts)
+                global_num_experts, w13_perm)
 
 
 @torch.library.impl(_lib, "fused_moe_masked", "CompositeExplicitAutograd")
 def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
-                      w2_bias, masked_m, scheme, activation, backend):
+                      w2_bias, masked_m, scheme, activation, backend, w13_perm=None):
     weights = _weights(scheme, (w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias))
     call = check_masked_call(x, weights, masked_m, activation=activation)
+    if w13_perm is not None:  # x[e, :, w13_perm[e]]: the index is expanded over cap, not materialized
+        _check_perm(w13_perm, weights)
+        x = torch.gather(x, 2, w13_perm.long()[:, None, :].expand(x.shape))
     decision = select_provider(call, resolve_backend(backend))
     out = torch.empty_like(x)
     get_provider(decision.provider).run_masked(decision.plan, call, x, weights, masked_m, out)
@@ -147,9 +216,10 @@ def _fused_moe_masked(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_
 @torch.library.register_fake("w4a16_moe::fused_moe")
 def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs, w13_bias,
                     w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend,
-                    global_num_experts=None):
+                    global_num_experts=None, w13_perm=None):
     weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias)
+    _check_perm(w13_perm, weights)
     check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize, expert_offset=expert_offset,
                    global_num_experts=global_num_experts)
     return torch.empty_like(x)
@@ -158,17 +228,19 @@ def _fused_moe_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_sc
 @torch.library.register_fake("w4a16_moe::fused_moe_out")
 def _fused_moe_out_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                         w13_bias, w2_bias, topk_weights, topk_ids, scheme, activation, finalize, expert_offset,
-                        backend, out, global_num_experts=None):
+                        backend, out, global_num_experts=None, w13_perm=None):
     weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias)
+    _check_perm(w13_perm, weights)
     check_moe_call(x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
                    expert_offset=expert_offset, out=out, global_num_experts=global_num_experts)
 
 
 @torch.library.register_fake("w4a16_moe::fused_moe_masked")
 def _fused_moe_masked_fake(x, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
-                           w13_bias, w2_bias, masked_m, scheme, activation, backend):
+                           w13_bias, w2_bias, masked_m, scheme, activation, backend, w13_perm=None):
     weights = weights_from_args(scheme, w13_codes, w13_scales, w13_zeros, w13_gs, w2_codes, w2_scales, w2_zeros, w2_gs,
                                 w13_bias, w2_bias)
+    _check_perm(w13_perm, weights)
     check_masked_call(x, weights, masked_m, activation=activation)
     return torch.empty_like(x)

@@ -2,6 +2,7 @@
 
 The references dequantize the 4-bit weights exactly (:func:`w4a16_moe.formats.dequantize_matrix`),
 add the optional per-expert biases (``w13_bias`` after the first GEMM, ``w2_bias`` after the second),
+undo an act-order ``w13_perm`` on the dequantized ``w13`` columns (the torch ops gather ``x`` instead),
 compute every GEMM and the activation in FP32 and combine the routes of a token in top-k order.
 They return FP32 tensors; the ``backend="reference"`` provider of ``fused_moe`` casts to x's dtype.
 """
@@ -26,6 +27,19 @@ def _expert(qm: QuantizedMatrix, e: int) -> torch.Tensor:
     return dequantize_matrix(qm.map(lambda t: t[e : e + 1]))[0]
 
 
+def _expert_w13(weights: MoEWeights, e: int) -> torch.Tensor:
+    """Expert ``e``'s dequantized ``w13`` with its columns in the true input order: a ``w13_perm`` is undone on
+    the weights here (stored column ``j`` is input channel ``w13_perm[e, j]``), independently of the torch ops,
+    which gather ``x`` instead."""
+    w = _expert(weights.w13, e)
+    perm = weights.w13_perm
+    if perm is None:
+        return w
+    true = torch.empty_like(w)
+    true[:, perm[e].long()] = w
+    return true
+
+
 def _expert_mlp(x: torch.Tensor, weights: MoEWeights, e: int, activation: str) -> torch.Tensor:
     """One expert's MLP on rows ``x``: computed in FP64 and rounded to FP32.
 
@@ -34,7 +48,7 @@ def _expert_mlp(x: torch.Tensor, weights: MoEWeights, e: int, activation: str) -
     negligible probability), so the expert-parallel path, which batches rows differently, reproduces
     the single-process result exactly.
     """
-    h = x.double() @ _expert(weights.w13, e).double().t()
+    h = x.double() @ _expert_w13(weights, e).double().t()
     if weights.w13_bias is not None:
         h = h + weights.w13_bias[e].double()
     a = apply_activation(h, activation)

@@ -27,11 +27,31 @@ def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor,
     ``y`` is FP32 for the reference provider and x's dtype for the GPU providers (what their
     deterministic finalize reads); entries of invalid routes are unspecified. ``global_num_experts``: the
     selection hint of :func:`w4a16_moe.fused_moe` (ids uniform over that many experts, the ``E`` local ones
-    among them); results do not depend on it.
+    among them); results do not depend on it. With a ``weights.w13_perm`` (act order over H) the ``R * k``
+    routes are gathered (:func:`w4a16_moe.ops.permuted_routes_input`) and run as top-1 rows, as
+    :func:`w4a16_moe.fused_moe` does.
     """
+    perm = getattr(weights, "w13_perm", None)
+    if perm is not None:
+        return _permuted_expert_routes(x, weights, local_ids, activation, backend, global_num_experts)
     call = check_routes_call(x, weights, local_ids, activation=activation, global_num_experts=global_num_experts)
     decision = select_provider(call, resolve_backend(backend))
     return get_provider(decision.provider).expert_routes(decision.plan, call, x, weights, local_ids)
+
+
+def _permuted_expert_routes(x, weights: MoEWeights, local_ids, activation, backend, global_num_experts):
+    from .ops import permuted_routes_input
+
+    check_routes_call(x, weights, local_ids, activation=activation, global_num_experts=global_num_experts)
+    plain = weights.without_w13_perm()
+    r, k = local_ids.shape
+    e = weights.num_experts
+    local = local_ids.reshape(-1).long()
+    valid = (local >= 0) & (local < e)
+    xg = permuted_routes_input(x, weights.w13_perm, local.clamp(0, e - 1), k)
+    ids1 = torch.where(valid, local, -1).to(torch.int32).view(r * k, 1)
+    y, _ = expert_routes(xg, plain, ids1, activation=activation, backend=backend, global_num_experts=global_num_experts)
+    return y.view(r, k, -1), valid.view(r, k)
 
 
 def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype, *,

@@ -2,7 +2,8 @@
 
 The layer is read tensor by tensor from the memory-mapped shards, only for the requested experts
 and, with ``tp``, only the rank's slice of the intermediate dimension (the slice is taken before
-reading, except for GPTQ act order, whose permutation of ``I`` is applied to whole experts first).
+reading, except for GPTQ act order, whose permutation of ``I`` is applied to whole experts first; GPTQ act
+order over ``H``, the gate/up projections' input, is kept as ``MoEWeights.w13_perm`` and is not cut by ``tp``).
 The tensors are then handed to the in-memory converters of :mod:`w4a16_moe.formats.converters`.
 """
 
@@ -318,7 +319,7 @@ def _finish(w: MoEWeights, device: "torch.device | str", dtype: Optional[torch.d
         bias_dt = dtype if dtype in (torch.bfloat16, torch.float32) else torch.float32
         w = MoEWeights(w.scheme, cast_scales(w.w13), cast_scales(w.w2), w.gated,
                        None if w.w13_bias is None else w.w13_bias.to(bias_dt).contiguous(),
-                       None if w.w2_bias is None else w.w2_bias.to(bias_dt).contiguous())
+                       None if w.w2_bias is None else w.w2_bias.to(bias_dt).contiguous(), w.w13_perm)
     return w if torch.device(device) == w.device else w.to(device)
 
 

@@ -536,10 +536,14 @@ def from_gptq(
         w2_qweight: int32 ``[E, I/8, H]``; w2_scales ``[E, I/g, H]``.
         group_size: 32, 64 or 128, or ``None`` (GPTQ ``group_size: -1``, one scale per column).
         w13_qzeros / w2_qzeros: int32 ``[E, K/g, N/8]``; optional when ``sym`` (then they must be 8).
-        w13_g_idx / w2_g_idx: act-order (``desc_act``) group index ``[E, K]``. ``w2``'s permutation of
-            the intermediate dimension is applied once here, to ``w2``'s columns and ``w13``'s rows
-            (exact); ``w13``'s (over the hidden size) cannot be: the kernels would need ``x``
-            permuted per expert, so a non-trivial ``w13_g_idx`` raises.
+        w13_g_idx / w2_g_idx: act-order (``desc_act``) group index ``[E, K]`` (the gate and up projections
+            of an expert share one). Each is sorted (stable) into contiguous groups, ``perm = argsort(g_idx)``,
+            and the codes' K columns are permuted by it (scales and zero points are then per sorted group).
+            ``w2``'s permutation of the intermediate dimension is absorbed here, into ``w2``'s columns and
+            ``w13``'s rows (exact, free at run time). ``w13``'s (over the hidden size) permutes the input
+            ``x`` per expert: it is kept as :attr:`MoEWeights.w13_perm` (``perm``, int32 ``[E, H]``) and the
+            torch ops gather ``x`` per route before the first GEMM (see :mod:`w4a16_moe.ops`);
+            :meth:`MoEWeights.dequantize` returns ``w13`` back in checkpoint column order.
         sym: the config's ``sym``; checkpoint_format: ``gptq`` (zeros stored as ``zero - 1``) or ``gptq_v2``.
     """
     if checkpoint_format not in ("gptq", "gptq_v2"):
@@ -550,11 +554,9 @@ def from_gptq(
     c2, s2, z2 = _gptq_matrix(w2_qweight, w2_qzeros, w2_scales, group_size, sym, v1, "w2_")
     if (z13 is None) != (z2 is None):
         raise ValueError("w13_qzeros / w2_qzeros: asymmetric zero points must be given for both matrices")
-    if w13_g_idx is not None and _act_order_perm(w13_g_idx, c13.shape[1], group_size, "w13_g_idx") is not None:
-        raise ValueError(
-            "w13_g_idx: act order (desc_act) over the hidden size cannot be applied at load time: it permutes x "
-            "per expert, which the fused kernels do not do; only w2's act order (over I) is absorbed"
-        )
+    perm13 = None if w13_g_idx is None else _act_order_perm(w13_g_idx, c13.shape[1], group_size, "w13_g_idx")
+    if perm13 is not None:  # sort w13's K (H) columns into contiguous groups; x is gathered per expert instead
+        c13 = torch.gather(c13, 1, perm13[:, :, None].expand_as(c13).to(c13.device))
     perm = None if w2_g_idx is None else _act_order_perm(w2_g_idx, c2.shape[1], group_size, "w2_g_idx")
     if perm is not None:
         c2 = torch.gather(c2, 1, perm[:, :, None].expand_as(c2).to(c2.device))
@@ -562,7 +564,8 @@ def from_gptq(
     w2 = _kn_matrix(c2, s2, z2, group_size, "w2_")
     if perm is not None:
         w13 = _permute_rows(w13, torch.cat((perm, perm + perm.shape[1]), dim=1) if gated else perm)
-    return MoEWeights(w13.scheme, w13, w2, gated)
+    w13_perm = None if perm13 is None else perm13.to(device=w13.device, dtype=torch.int32).contiguous()
+    return MoEWeights(w13.scheme, w13, w2, gated, w13_perm=w13_perm)
 
 
 def from_awq(

@@ -13,6 +13,10 @@ Byte layout of one :class:`QuantizedMatrix` holding ``E`` experts of ``W[N, K]``
 ``global_scale`` FP32 ``[E, N]``, NVFP4 only: the per-expert, per-matrix ModelOpt ``weight_scale_2``,
            stored per output row so the gate and up halves of a fused ``w13`` may differ.
 
+``w13_perm`` int32 ``[E, H]`` (optional; GPTQ act order over the hidden size): column ``j`` of expert ``e``'s
+           stored ``w13`` multiplies ``x[:, w13_perm[e, j]]``, i.e. the layer computes ``w13_e @ x[w13_perm[e]]``.
+           The torch ops gather ``x`` once per route (:mod:`w4a16_moe.ops`), so no provider reads it.
+
 A provider that prefers another layout (a permuted one for register-side dequantization, say)
 derives it once with :meth:`MoEWeights.packed_for` and keeps it cached beside the canonical tensors.
 """
@@ -26,7 +30,8 @@ import torch
 
 from .schemes import Scheme, get_scheme
 
-__all__ = ["QuantizedMatrix", "MoEWeights", "pack_nibbles", "unpack_nibbles"]
+__all__ = ["QuantizedMatrix", "MoEWeights", "pack_nibbles", "unpack_nibbles", "check_w13_perm",
+           "check_w13_perm_values"]
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -159,14 +164,47 @@ def _describe(t: Any) -> str:
 _BIAS_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def check_w13_perm(perm: Any, num_experts: int, hidden: int, device: torch.device) -> None:
+    """Metadata rules of ``w13_perm`` (int32 ``[E, H]``, contiguous, on w13's device); reads no values."""
+    if not isinstance(perm, torch.Tensor) or perm.dtype != torch.int32 or tuple(perm.shape) != (num_experts, hidden):
+        raise ValueError(f"w13_perm: expected an int32 tensor of shape {(num_experts, hidden)} ([E, H]: per expert, "
+                         f"the input channel of each stored w13 column), got {_describe(perm)}")
+    if perm.device != device:
+        raise ValueError(f"w13_perm: on {perm.device}, but w13 is on {device}")
+    if not perm.is_contiguous():
+        raise ValueError("w13_perm: must be contiguous")
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return t.device.type == "meta" or is_fake(t)
+
+
+def check_w13_perm_values(perm: torch.Tensor) -> None:
+    """Every row of ``w13_perm [E, H]`` must be a permutation of ``0 .. H-1`` (reads the values: a device sync;
+    fake / meta tensors are skipped)."""
+    if _is_fake(perm):
+        return
+    h = perm.shape[1]
+    want = torch.arange(h, device=perm.device, dtype=perm.dtype)
+    bad = (torch.sort(perm, dim=1).values != want).any(dim=1)
+    if bool(bad.any()):
+        e = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"w13_perm: row {e} (expert {e}) is not a permutation of 0..{h - 1} (each row must hold "
+                         "every input channel exactly once)")
+
+
 @dataclass(repr=False)
 class MoEWeights:
     """Quantized weights of one MoE layer's experts.
 
     ``w13`` holds ``[E, 2I, H]`` (gate rows ``0..I-1``, then up rows) when ``gated``, else ``[E, I, H]``;
     ``w2`` holds ``[E, H, I]``. Optional per-expert biases (gpt-oss): ``w13_bias [E, 2I|I]`` (same row
-    order as ``w13``) and ``w2_bias [E, H]``, FP32 or BF16, added after each GEMM. Build it with
-    :func:`w4a16_moe.quantize_experts`, :func:`w4a16_moe.load_experts` or one of the ``from_*``
+    order as ``w13``) and ``w2_bias [E, H]``, FP32 or BF16, added after each GEMM. Optional ``w13_perm``
+    int32 ``[E, H]`` (int64 accepted, stored as int32): GPTQ act order over the hidden size, each row a
+    permutation of ``0..H-1``; expert ``e`` computes ``w13_e @ x[w13_perm[e]]`` (see the module docstring).
+    Build it with :func:`w4a16_moe.quantize_experts`, :func:`w4a16_moe.load_experts` or one of the ``from_*``
     converters; every provider reads it through :meth:`packed_for`.
     """
 
@@ -176,19 +214,31 @@ class MoEWeights:
     gated: bool
     w13_bias: Optional[torch.Tensor] = None
     w2_bias: Optional[torch.Tensor] = None
+    w13_perm: Optional[torch.Tensor] = None
 
     def __post_init__(self) -> None:
         self.scheme = get_scheme(self.scheme)
+        p = self.w13_perm
+        if isinstance(p, torch.Tensor) and p.dtype == torch.int64:
+            self.w13_perm = p.to(torch.int32).contiguous()
         self.validate()
+        if self.w13_perm is not None:
+            check_w13_perm_values(self.w13_perm)
 
     @classmethod
     def trusted(cls, scheme: Scheme, w13: QuantizedMatrix, w2: QuantizedMatrix, gated: bool,
-                w13_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None) -> "MoEWeights":
+                w13_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
+                w13_perm: Optional[torch.Tensor] = None) -> "MoEWeights":
         """Wrap tensors whose metadata already passed :meth:`validate` (the torch ops' per-call rebuild)."""
         w = cls.__new__(cls)
         w.scheme, w.w13, w.w2, w.gated = scheme, w13, w2, gated
-        w.w13_bias, w.w2_bias = w13_bias, w2_bias
+        w.w13_bias, w.w2_bias, w.w13_perm = w13_bias, w2_bias, w13_perm
         return w
+
+    def without_w13_perm(self) -> "MoEWeights":
+        """The same tensors without ``w13_perm`` (the layer in its stored column order; shares every tensor
+        and the provider layouts cached on them)."""
+        return MoEWeights.trusted(self.scheme, self.w13, self.w2, self.gated, self.w13_bias, self.w2_bias)
 
     # -- shape -----------------------------------------------------------------------------------
     @property
@@ -213,9 +263,10 @@ class MoEWeights:
 
     def __repr__(self) -> str:
         bias = "+".join(n for n, b in (("w13", self.w13_bias), ("w2", self.w2_bias)) if b is not None) or "none"
+        perm = ", w13_perm=act-order" if self.w13_perm is not None else ""
         return (
             f"MoEWeights(scheme={self.scheme.name}, E={self.num_experts}, H={self.hidden_size}, "
-            f"I={self.intermediate_size}, gated={self.gated}, device={self.device}, bias={bias})"
+            f"I={self.intermediate_size}, gated={self.gated}, device={self.device}, bias={bias}{perm})"
         )
 
     def validate(self) -> None:
@@ -254,6 +305,8 @@ class MoEWeights:
                 raise ValueError(f"{name}: on {b.device}, but w13 is on {self.w13.device}")
             if not b.is_contiguous():
                 raise ValueError(f"{name}: must be contiguous")
+        if self.w13_perm is not None:
+            check_w13_perm(self.w13_perm, e, h, self.w13.device)
 
     def to(self, device: "torch.device | str") -> "MoEWeights":
         """A copy on ``device`` (provider-specific packed layouts are not copied; they are rebuilt)."""
@@ -261,13 +314,19 @@ class MoEWeights:
             self.scheme, self.w13.map(lambda t: t.to(device)), self.w2.map(lambda t: t.to(device)), self.gated,
             None if self.w13_bias is None else self.w13_bias.to(device),
             None if self.w2_bias is None else self.w2_bias.to(device),
+            None if self.w13_perm is None else self.w13_perm.to(device),
         )
 
     def dequantize(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Exact FP32 ``(w13 [E, 2I|I, H], w2 [E, H, I])``."""
+        """Exact FP32 ``(w13 [E, 2I|I, H], w2 [E, H, I])``, ``w13``'s columns in the true input order (with a
+        ``w13_perm``, stored column ``j`` of expert ``e`` goes to column ``w13_perm[e, j]``)."""
         from .quantize import dequantize_matrix
 
-        return dequantize_matrix(self.w13), dequantize_matrix(self.w2)
+        w13 = dequantize_matrix(self.w13)
+        if self.w13_perm is not None:
+            idx = self.w13_perm.long()[:, None, :].expand_as(w13)
+            w13 = torch.empty_like(w13).scatter_(2, idx, w13)
+        return w13, dequantize_matrix(self.w2)
 
     def nbytes_per_expert(self) -> int:
         return (self.w13.nbytes() + self.w2.nbytes()) // self.num_experts

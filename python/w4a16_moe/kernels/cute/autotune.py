@@ -294,7 +294,8 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     returns ``{finalize: path of its store entry}`` (finalize modes with nothing new to measure are skipped).
     ``global_experts``: the ``global_num_experts`` hint of the layer's calls (one expert-parallel rank): the
     calls tuned carry it, the synthetic routing is uniform over that many experts, and the rows go to the
-    hint's own store entry."""
+    hint's own store entry. Weights with a ``w13_perm`` (act order over H) are tuned in their stored column order
+    (the kernels never read the permutation; :func:`w4a16_moe.warmup` tunes the top-1 call the op runs)."""
     import torch
 
     from ...activations import get_activation
@@ -307,6 +308,8 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
 
     check_not_capturing()
     log = log or logger.info
+    if getattr(weights, "w13_perm", None) is not None:
+        weights = weights.without_w13_perm()  # the kernels' view, so that the reference below matches them
     info = probe(weights.device)
     act = get_activation(activation)
     e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
