@@ -1,7 +1,7 @@
 """gpt-oss experts on the CuTe provider: per-expert biases and the clamped ``swiglu_oai`` activation.
 
 CPU: plans of gpt-oss-shaped calls (E=128, H=I=2880, top-4, MXFP4, biases, swiglu_oai) go to the decode
-kernels where the decode rule sends them (1-6 tokens) and to the rule's grouped family beyond (never Triton);
+kernels where the decode rule sends them (1-2 tokens) and to the rule's grouped family beyond (never Triton);
 the per-family feature reasons; the new config fields in
 spec names and their round trip; the AOT ``full`` subset holds what those plans select; the bias tables the
 kernels read (padded, un-interleaved) and the fused finalize's bias accumulator; one sm_90a compile of a
@@ -45,19 +45,24 @@ def _oss_call(tokens, finalize="deterministic", activation=OAI, bias=True, e=128
                    finalize, 0, "mxfp4", routes_only, bias)
 
 
-def _rule_family(tokens, top_k, experts):
-    return fam.rule_choice(tokens * top_k, experts)[0]
+def _rule_family(tokens, top_k, experts, scheme="mxfp4"):
+    return fam.rule_choice(tokens * top_k, experts, scheme=scheme)[0]
 
 
-def _decodes(tokens, top_k, experts, num_global=None):
+def _decodes(tokens, top_k, experts, num_global=None, scheme="mxfp4"):
     """Whether the untuned decode rule sends the call to the decode kernels."""
-    return dec.use_decode(tokens, top_k, None, experts, num_global)
+    return dec.use_decode(tokens, top_k, None, experts, num_global, scheme)
 
 
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 @pytest.mark.parametrize("activation", [OAI, OAI_CUSTOM])
 def test_gpt_oss_plans_go_to_the_decode_rule_then_the_grouped_families(_kernels_anywhere, finalize, activation):
-    assert [t for t in (1, 4, 6, 8, 16) if _decodes(t, 4, 128)] == [1, 4, 6]  # re-read 1.0, 1.05, 1.08; 1.12
+    # MXFP4: re-read 1.0 and 1.016 (1, 2 tokens) within MAX_REREAD_FP4, 1.03 beyond; INT4 up to 1.08 (6 tokens)
+    assert [t for t in (1, 2, 3, 4, 6, 8) if _decodes(t, 4, 128)] == [1, 2]
+    assert [t for t in (1, 2, 3, 4, 6, 8) if _decodes(t, 4, 128, scheme="int4_g32")] == [1, 2, 3, 4, 6]
+    # MXFP4 keeps the SM90 tiles in the warp-MMA buckets; INT4 takes the warp-MMA tiles there
+    assert {_rule_family(t, 4, 128) for t in (8, 64, 256)} == {"sm90"}
+    assert {_rule_family(t, 4, 128, "int4_g32") for t in (8, 64, 256)} == {"warp"}
     for tokens in (1, 2, 8, 64, 512, 4096):
         call = _oss_call(tokens, finalize, activation)
         assert provider.unavailable_reason(call, H200) is None
@@ -227,7 +232,8 @@ def test_device_specs_hold_what_the_gpu_tests_select(_kernels_anywhere, monkeypa
         calls += [call(t, OAI_CUSTOM, fin) for t in range(1, 17)]  # the Triton suite's auto test
     for c in calls:
         p = provider.plan(c, H200)
-        want = "decode" if _decodes(c.tokens, c.top_k, c.experts) else _rule_family(c.tokens, c.top_k, c.experts)
+        want = ("decode" if _decodes(c.tokens, c.top_k, c.experts, scheme=c.scheme)
+                else _rule_family(c.tokens, c.top_k, c.experts, c.scheme))
         assert p.family == want and set(p.specs) <= dev, (c, p.specs)
     for scheme, dtype in DECODE_MATRIX:  # the forced decode kernels of test_gpu_decode_kernels_with_biases
         for act in ("swiglu", OAI, OAI_CUSTOM):
@@ -362,8 +368,8 @@ def _run(w, t, k, *, activation=OAI, finalize="deterministic", dtype=torch.bfloa
         call = check_moe_call(x, w, tw, ids, activation=activation, finalize=finalize, expert_offset=offset)
         d = select_provider(call, "cute")
         forced = overrides.current().decode_knobs is not None
-        want = family or ("decode" if forced or _decodes(t, k, w.num_experts, num_global)
-                          else _rule_family(t, k, w.num_experts))
+        want = family or ("decode" if forced or _decodes(t, k, w.num_experts, num_global, w.scheme.name)
+                          else _rule_family(t, k, w.num_experts, w.scheme.name))
         assert d.provider == "cute" and d.plan.family == want and d.plan.decode == (want == "decode"), \
             d.plan.describe()
         up, down = d.plan.configs

@@ -99,6 +99,10 @@ SETTINGS = (
             "Default of `warmup(..., autotune=)`: time the CuTe provider's candidates for the layer on this GPU "
             "(kernels already prebuilt or cached only; bounded in time) and store the fastest per token count in "
             "`<cache dir>/autotune`, which every later plan of that layer uses."),
+    Setting("W4A16_MOE_TUNED_TABLE", "tuned_table", "bool", True,
+            "Use the shipped tuned table (`kernels/cute/sm90/tuned.json`: tiles and decode bounds measured on a "
+            "few layers); `0` selects by the rule and cost model alone (plus the autotuner's stored rows), what "
+            "every other layer gets."),
     Setting("W4A16_MOE_ROUTING", "routing", "choice", "triton",
             "Kernels of the CuTe provider's route preparation and deterministic finalize: `triton` (Triton JIT) or "
             "`cute` (the prebuilt CuTe routing family, no Triton compile at run time).", ("triton", "cute")),

@@ -323,7 +323,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         return None
     else:
         bound = smod.decode_bound(*key)
-    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts):
+    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme):
         return None
     if force.decode_knobs is not None:
         knobs = force.decode_knobs

@@ -6,7 +6,7 @@ are all fields of :class:`~.config.DecodeGemvConfig`; the same specs feed JIT an
 built for sm_90a (where they run next to the WGMMA family).
 
 When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_k <= DECODE_MAX_ROUTES``
-routes that reads each expert's weights about once (:func:`reread_factor` <= :data:`MAX_REREAD`: the
+routes that reads each expert's weights about once (:func:`reread_factor` <= :data:`MAX_REREAD`, :data:`MAX_REREAD_FP4` for FP4 weights: the
 decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per expert),
 unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
 decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
@@ -38,7 +38,7 @@ from ..sm90 import family as sm90_family
 from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
-           "expected_experts", "reread_factor", "MAX_REREAD", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
+           "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
            "parse_knobs", "knob_items", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
            "MIN_UNITS_PER_WARP", "MAX_SPLITS"]
 
@@ -60,6 +60,10 @@ DECODE_MAX_ROUTES = 64
 #: streaming an expert twice. (Those were the decode kernels before the K split; the split helps calls of 1-4
 #: tokens, whose factor is near 1 anyway.) The autotuner measures both paths per layer.
 MAX_REREAD = 1.1
+#: the same bound for FP4 (E2M1) weights: on gpt-oss-120b's layer at 4 tokens (re-read 1.05) the decode
+#: kernels took 1.19 x the SM90 TN 8 tile's time (their E2M1 decode on ``mma.sync`` streams slower than the
+#: WGMMA kernels'), so FP4 calls take them only when every route hits its own expert (1-2 tokens there)
+MAX_REREAD_FP4 = 1.02
 
 #: K split across CTAs (:func:`num_splits`): the split grid aims at this many CTAs per SM (about two waves of
 #: one 8-warp CTA per SM, or one wave of two: every SM gets work, with 8-16 warps' loads in flight each)
@@ -218,13 +222,14 @@ def reread_factor(tokens: int, top_k: int, num_experts: int, num_global_experts:
 
 
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
-               num_experts: Optional[int] = None, num_global_experts: Optional[int] = None) -> bool:
+               num_experts: Optional[int] = None, num_global_experts: Optional[int] = None,
+               scheme=None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
     ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never; it is
     then the only test). Without one: at most :data:`DECODE_MAX_ROUTES` routes and, when ``num_experts`` (the
     local experts) is given, a re-read factor of at most :data:`MAX_REREAD` (``num_global_experts``: the
     expert-parallel hint, routes uniform over that many experts; the route bound stays on ``T * top_k``,
-    the launch's size, skipped routes included)."""
+    the launch's size, skipped routes included; ``scheme``: an FP4 scheme's bound is :data:`MAX_REREAD_FP4`)."""
     s = settings.get()
     m = s.cute_decode
     if m == "0" or s.batch_invariant or tokens == 0:
@@ -237,7 +242,8 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
         return tokens * top_k <= max_routes
     if tokens * top_k > DECODE_MAX_ROUTES:
         return False
-    return num_experts is None or reread_factor(tokens, top_k, num_experts, num_global_experts) <= MAX_REREAD
+    bound = MAX_REREAD_FP4 if sm90_family._fp4(scheme) else MAX_REREAD
+    return num_experts is None or reread_factor(tokens, top_k, num_experts, num_global_experts) <= bound
 
 
 def knob_items(text: Optional[str]) -> tuple:

@@ -19,7 +19,8 @@ r > 160                96    4   64   4       2     overlap                     
 =====================  ====  ==  ===  ======  ====  =================================  ==========================
 
 (``f2``: two k16 blocks per WGMMA group, ``mma_kblocks``.) With ``W4A16_MOE_CUTE_FAMILY=auto`` (the default)
-the two smallest buckets run on the warp-MMA family's tiles (:data:`WARP_RULE`), which measured faster there.
+the two smallest buckets of INT4 calls run on the warp-MMA family's tiles (:data:`WARP_RULE`), which measured
+faster there; FP4 calls keep the SM90 tiles, which measured faster for them (:data:`SM90_ONLY_FP4`).
 The buckets and tiles come from an H200 sweep of every selectable tile and split-K choice on six layers that
 are not presets (``scripts/sweep_tiles.py``; docs/perf/2026-12-01-selection): per bucket the tile with the
 lowest geometric-mean time relative to each row's fastest choice.
@@ -68,8 +69,13 @@ TILES = (
     (None, dict(tokens_per_tile=96, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2)),
 )
 #: the first buckets of :data:`TILES` that run on the warp-MMA family when it may be chosen
-#: (``W4A16_MOE_CUTE_FAMILY=auto``): bound -> the index of its tile in ``warp.family.TILES``
+#: (``W4A16_MOE_CUTE_FAMILY=auto``, an INT4 scheme: :data:`SM90_ONLY_FP4`): bound -> the index of its tile in
+#: ``warp.family.TILES``
 WARP_RULE = ((4, 0), (12, 1))
+#: FP4 (E2M1: NVFP4, MXFP4) calls keep the SM90 tiles in the :data:`WARP_RULE` buckets: on the two MXFP4
+#: layers of the H200 sweep (gpt-oss-120b's shape and a 64-expert one, 4-256 tokens) the SM90 TN 8 / 16 tiles
+#: took 0.62-0.73 x the warp-MMA tiles' time (docs/perf/2026-12-01-fp4-selection)
+SM90_ONLY_FP4 = True
 
 
 def _up2(tn: int, stages: int = 3) -> dict:
@@ -279,11 +285,21 @@ def _tuned_decode(path: str = TUNED_PATH) -> dict:
     return _table(path).decode
 
 
+def _selection_rows() -> dict:
+    """The tuned table's tile rows selection reads (none with ``W4A16_MOE_TUNED_TABLE=0``)."""
+    return _tuned_table() if settings.get().tuned_table else {}
+
+
+def _selection_decode() -> dict:
+    """The tuned table's decode entries selection reads (none with ``W4A16_MOE_TUNED_TABLE=0``)."""
+    return _tuned_decode() if settings.get().tuned_table else {}
+
+
 def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                  top_k: int, global_experts: Optional[int] = None) -> Optional[int]:
     """The tuned table's bound for the route-major decode kernels (:mod:`..decode.family`) on this layer
     shape: calls of at most that many routes (``T * top_k``) use them; None = no measurement (the rule)."""
-    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
+    ent = _selection_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
                                         global_experts))
     return None if ent is None else int(ent["max_routes"])
 
@@ -292,7 +308,7 @@ def decode_knobs(tokens: int, gpu: str, num_experts: int, hidden: int, intermedi
                  top_k: int, global_experts: Optional[int] = None) -> Optional[str]:
     """The tuned decode-kernel knob set (``"w8u8/w8u4"``, see ``decode.family.parse_knobs``) for a call of
     ``tokens`` on this layer shape: the row with the largest token count <= ``tokens``; None = defaults."""
-    ent = _tuned_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
+    ent = _selection_decode().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
                                         global_experts))
     best = None
     for t, kn in (ent or {}).get("knobs", []):
@@ -323,22 +339,29 @@ def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, i
     force = overrides.current()
     if force.candidate is not None:
         return "sm90", candidate(force.candidate), force.splits
-    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k, global_experts))
+    rows = _selection_rows().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k, global_experts))
     if rows:
         best = None
         for row in rows:  # sorted by tokens
             if row.tokens <= tokens or best is None:
                 best = row
         return best.family, dict(best.tiles), best.splits
-    return rule_choice(tokens * top_k, num_experts, top_k, global_experts)
+    return rule_choice(tokens * top_k, num_experts, top_k, global_experts, scheme)
+
+
+def _fp4(scheme) -> bool:
+    from ....formats.schemes import get_scheme
+
+    return scheme is not None and get_scheme(scheme).is_fp4
 
 
 def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
-                global_experts: Optional[int] = None) -> tuple:
+                global_experts: Optional[int] = None, scheme=None) -> tuple:
     """``(family, tiles, None)`` of the routes-per-expert rule (the module docstring's table; ``global_experts``
     with ``top_k``: the expert-parallel hint): the warp-MMA family's tile in the buckets of :data:`WARP_RULE`
-    when the warp family may be chosen, else :data:`TILES`."""
-    if settings.get().cute_family == "auto":
+    when the warp family may be chosen and ``scheme`` is not FP4 (:data:`SM90_ONLY_FP4`; None: INT4), else
+    :data:`TILES`."""
+    if settings.get().cute_family == "auto" and not (SM90_ONLY_FP4 and _fp4(scheme)):
         from ..warp import family as warp
 
         r = tiles_rule.routes_per_expert(num_routes, num_experts, top_k, global_experts)
@@ -361,7 +384,7 @@ def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate:
 
 def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
                        top_k: int, global_experts: Optional[int] = None) -> list:
-    rows = _tuned_table().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
+    rows = _selection_rows().get(tuned_key(gpu, num_experts, hidden, intermediate, scheme, dtype, top_k,
                                         global_experts)) or ()
     return [row.tokens for row in rows]
 
