@@ -73,6 +73,36 @@ def test_bad_configs_are_named():
         family.finalize_config("bf16", "bool", 8, True)
 
 
+def test_routing_setting_auto_takes_the_cute_kernels_only_when_all_are_prebuilt(monkeypatch):
+    """``W4A16_MOE_ROUTING=auto`` (the default): CuTe routing where every spec of the family is prebuilt for the
+    arch and E fits its tables, else Triton; ``cute`` / ``triton`` force one."""
+    from w4a16_moe import settings
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.loader import prebuilt
+
+    assert settings.get().routing == "auto"
+    have = set()
+    monkeypatch.setattr(prebuilt, "lookup", lambda spec, arch: ((object(), "ok") if (spec.name, arch) in have
+                                                               else (None, "not prebuilt")))
+    provider._routing_prebuilt.cache_clear()
+    assert not provider.cute_routing("sm_90a", 8)  # nothing prebuilt: Triton
+    have.update((s.name, "sm_90a") for s in family.aot_variants("full")[:-1])
+    provider._routing_prebuilt.cache_clear()
+    assert not provider.cute_routing("sm_90a", 8)  # one missing: Triton
+    have.update((s.name, "sm_90a") for s in family.aot_variants("full"))
+    provider._routing_prebuilt.cache_clear()
+    assert provider.cute_routing("sm_90a", 8) and provider.cute_routing("sm_90a", E_PADS[-1] - 1)
+    assert not provider.cute_routing("sm_90a", E_PADS[-1])  # beyond the largest table: Triton
+    assert not provider.cute_routing("sm_80", 8)  # the family needs SM90+ (griddepcontrol)
+    assert provider._routing("sm_90a", 8)[0].__name__ == "prepare_routes_cute"
+    assert provider._routing("sm_90a", 2048)[0].__name__ == "prepare_routes"
+    monkeypatch.setenv("W4A16_MOE_ROUTING", "triton")
+    assert not provider.cute_routing("sm_90a", 8)
+    monkeypatch.setenv("W4A16_MOE_ROUTING", "cute")
+    assert provider.cute_routing("sm_80", 8)
+    provider._routing_prebuilt.cache_clear()
+
+
 def test_family_modules_do_not_import_the_dsl():
     import subprocess
 

@@ -116,6 +116,11 @@ def test_split_rule_bounds():
     up, down = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
     # never below MIN_UNITS_PER_WARP k64 units per warp: one route of K = 256 (4 units) is not split
     assert dec.num_splits(down, 7168, 256, 1, 1, 132) == 1
+    # the expert-parallel hint: one token of DeepSeek-V3 EP8 (32 of 256 experts, top-8) has one expected local
+    # route, so gate/up (H=7168, 2I=4096) counts 128 working tiles instead of 1024: S=2
+    assert dec.num_splits(up, 4096, 7168, 1, 8, 132) == 1
+    assert dec.num_splits(up, 4096, 7168, 1, 8, 132, 32, 256) == 2
+    assert dec.num_splits(up, 4096, 7168, 1, 8, 132, 32, 32) == 1  # no hint beyond the local experts
     # a small GPU gets smaller splits; a GPU with many SMs at most MAX_SPLITS
     assert dec.num_splits(down, 4096, 14336, 1, 2, 16) == 1
     assert dec.num_splits(down, 4096, 14336, 1, 2, 10**6) == dec.MAX_SPLITS

@@ -96,8 +96,11 @@ def test_deepseek_ep8_tuned_rows_serve_hinted_calls_through_their_ep_key():
     for t in (1, 8, 16, 64, 512, 2048, 8192):
         plain = provider.plan(_call(DEEPSEEK_EP8, t), H200)
         hinted = provider.plan(_call(DEEPSEEK_EP8, t, hint=True), H200)
-        assert (hinted.family, hinted.tiles, hinted.splits, hinted.configs) == \
-            (plain.family, plain.tiles, plain.splits, plain.configs), t
+        assert (hinted.family, hinted.tiles, hinted.configs) == (plain.family, plain.tiles, plain.configs), t
+        if hinted.decode:  # the decode split rule counts the expected local routes: gate/up may split more
+            assert hinted.splits[1] == plain.splits[1] and hinted.splits[0] >= plain.splits[0], t
+        else:
+            assert hinted.splits == plain.splits, t
         assert hinted.note.startswith(plain.note) and "EP hint" in hinted.note
     # a layer whose tuned rows are keyed without E_global never serves a hinted call with them
     kimi = (384, 7168, 256, 8, 768, "int4_g32")

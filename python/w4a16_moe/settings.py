@@ -103,9 +103,11 @@ SETTINGS = (
             "Use the shipped tuned table (`kernels/cute/sm90/tuned.json`: tiles and decode bounds measured on a "
             "few layers); `0` selects by the rule and cost model alone (plus the autotuner's stored rows), what "
             "every other layer gets."),
-    Setting("W4A16_MOE_ROUTING", "routing", "choice", "triton",
-            "Kernels of the CuTe provider's route preparation and deterministic finalize: `triton` (Triton JIT) or "
-            "`cute` (the prebuilt CuTe routing family, no Triton compile at run time).", ("triton", "cute")),
+    Setting("W4A16_MOE_ROUTING", "routing", "choice", "auto",
+            "Kernels of the CuTe provider's route preparation and deterministic finalize: `cute` (the CuTe routing "
+            "family), `triton` (Triton JIT), or `auto`: the CuTe kernels where every one of them is prebuilt for "
+            "the device's arch (SM90+) and the layer has at most 1023 local experts (a prebuilt wheel then "
+            "compiles no Triton kernel for them at run time), else Triton.", ("auto", "cute", "triton")),
     Setting("W4A16_MOE_PDL", "pdl", "bool", True,
             "Programmatic dependent launch between the kernels of a call (SM90+); `0` turns it off for the "
             "route preparation and the finalize."),

@@ -352,7 +352,8 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
                            bias=call.has_bias)
     hp, ip, n13 = _padded(dec, up, down, call, sch)
     fu, fd = dmod.forced_splits(knobs)
-    su = fu if fu is not None else dmod.num_splits(up, n13, hp, call.tokens, call.top_k, info.sms)
+    su = fu if fu is not None else dmod.num_splits(up, n13, hp, call.tokens, call.top_k, info.sms, call.experts,
+                                                   call.global_experts)
     sd = fd if fd is not None else dmod.num_splits(down, hp, ip, call.tokens, call.top_k, info.sms)
     counters = (dmod.scratch_sizes(up, n13, call.tokens, call.top_k, su)[1]
                 + dmod.scratch_sizes(down, hp, call.tokens, call.top_k, sd)[1])
@@ -540,11 +541,34 @@ def _check_capture(family: KernelFamily, arch: str, weights, cfgs, dtype, pad: t
         )
 
 
-def _routing() -> tuple:
-    """``(prepare_routes, prepare_masked_routes, launch_finalize)`` of the routing setting
-    (``W4A16_MOE_ROUTING``): the Triton kernels or the CuTe routing family (same contract, bit-identical
-    finalize)."""
-    if settings.get().routing == "cute":
+def cute_routing(arch: str, num_experts: int) -> bool:
+    """Whether calls on ``arch`` with ``num_experts`` local experts prepare routes and finalize with the CuTe
+    routing family (``W4A16_MOE_ROUTING``: ``cute`` always, ``triton`` never, ``auto`` when every kernel of
+    that family is prebuilt for ``arch`` and ``num_experts`` fits its tables)."""
+    s = settings.get()
+    if s.routing != "auto":
+        return s.routing == "cute"
+    from .routing import config as rcfg
+
+    return num_experts + 1 <= rcfg.E_PADS[-1] and _routing_prebuilt(arch, s.prebuilt_dir)
+
+
+@functools.lru_cache(maxsize=None)
+def _routing_prebuilt(arch: str, _prebuilt_env) -> bool:
+    """Every spec of the CuTe routing family is in the prebuilt libraries for ``arch`` (cached per arch and
+    ``W4A16_MOE_PREBUILT_DIR``)."""
+    from ...loader import prebuilt
+    from .routing import family as rfam
+
+    if arch not in rfam.ARCHS:
+        return False
+    return all(prebuilt.lookup(spec, arch)[0] is not None for spec in rfam.aot_variants("full"))
+
+
+def _routing(arch: str, num_experts: int) -> tuple:
+    """``(prepare_routes, prepare_masked_routes, launch_finalize)`` of :func:`cute_routing`: the CuTe routing
+    family or the Triton kernels (same contract, bit-identical finalize)."""
+    if cute_routing(arch, num_experts):
         from .routing import launch as rl
 
         return rl.prepare_routes_cute, rl.prepare_masked_routes_cute, rl.launch_finalize_cute
@@ -559,7 +583,7 @@ def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     a zero-padded ``[T, Hp]`` buffer when the plan pads H)."""
     from .padding import pad_cols
 
-    prepare_routes = _routing()[0]
+    prepare_routes = _routing(p.arch, weights.num_experts)[0]
     tokens, top_k = ids.shape
     family = registry.get(p.family)
     up, down = p.configs
@@ -694,7 +718,7 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
         tw_slot = _bias(weights, "w2", p.pad) if down.bias else tw
         _launch(family, p.arch, down, p2, hbuf, y, routes, tw_slot, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
         if hp == h:
-            finalize = _routing()[2]
+            finalize = _routing(p.arch, e)[2]
         else:  # the CuTe finalize reads a dense [R, H] buffer; the Triton one reads y through its row stride
             from ..routing.finalize import launch_finalize as finalize
         finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
@@ -720,11 +744,11 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     """
     from .padding import pad_cols, padded_out
 
-    prepare_masked_routes = _routing()[1]
     e, cap, h = x.shape
     if e == 0 or cap == 0:
         return
     p = plan if plan is not None else _plan_for(call, x.device)
+    prepare_masked_routes = _routing(p.arch, e)[1]
     family = registry.get(p.family)
     hp, i, n13 = _sizes(p, weights)
     up, down = p.configs
@@ -811,11 +835,11 @@ def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, t
                     seen.add((p.family, cfg, p.pad))
                     _packed(family, weights, which, cfg, dtype, p.pad)
                     _kernel(family, p.arch, cfg).ensure_loaded()
-                for which in _biases_of(weights, p.configs):  # the kernels' FP32 bias tables
-                    _bias(weights, which, p.pad)
                     if cfg.name() not in names:
                         names.append(cfg.name())
-    if settings.get().routing == "cute":  # the CuTe route preparation / finalize kernels of this layer
+                for which in _biases_of(weights, p.configs):  # the kernels' FP32 bias tables
+                    _bias(weights, which, p.pad)
+    if cute_routing(_arch(base, info), e):  # the CuTe route preparation / finalize kernels of this layer
         from .routing import launch as rl
 
         names += rl.warm(e, weights.device)

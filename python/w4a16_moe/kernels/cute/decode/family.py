@@ -164,17 +164,23 @@ def tile_ctas(cfg, n: int, rows: int) -> int:
     return 4 * (n // (64 * cfg.m64_per_block)) * rows
 
 
-def num_splits(cfg, n: int, k: int, tokens: int, top_k: int, sms: int) -> int:
+def num_splits(cfg, n: int, k: int, tokens: int, top_k: int, sms: int, num_experts: Optional[int] = None,
+               num_global_experts: Optional[int] = None) -> int:
     """The K split of one decode kernel (gate_up: ``n`` = gate/up rows, ``k`` = H; down: ``n`` = H, ``k`` =
     I): the largest power of two ``S <= MAX_SPLITS`` with ``tiles * S <= SPLIT_WAVES * sms`` CTAs and at least
     :data:`MIN_UNITS_PER_WARP` k64 units per warp of each CTA (a tile's work: ``K / 64`` units of its route
     for gate_up, ``top_k * I / 64`` for down), else 1. ``tiles`` assumes every route is local (the host does
-    not know how many are).
+    not know how many are), except for gate_up with the expert-parallel hint (``num_experts`` local of
+    ``num_global_experts``): only the expected local routes ``T * top_k * E / E_global`` count there (the
+    other routes' CTAs exit at once), so an EP rank's decode step splits its few working tiles.
 
     On an H200 (132 SMs, 264 CTAs), default knobs (8 warps), one token: E=8, H=4096, I=14336, top-2: gate_up
     1792 tiles -> 1, down 64 tiles (448 units) -> 4 (256 CTAs); Kimi-K2 TP8 (H=7168, I=256, top-8): gate_up
     128 tiles (112 units) -> 2 (256 CTAs), down 112 tiles (32 units: 2 per warp at S=2) -> 2 (224 CTAs)."""
     rows = tokens * top_k if cfg.mode == "gate_up" else tokens
+    if cfg.mode == "gate_up" and num_experts and num_global_experts and num_global_experts > num_experts:
+        # the expert-parallel hint: only the expected local routes' CTAs work (the others exit at once)
+        rows = max(1, round(tokens * top_k * num_experts / num_global_experts))
     tiles = tile_ctas(cfg, n, rows)
     work = k // 64 if cfg.mode == "gate_up" else top_k * (k // 64)
     s = 1
