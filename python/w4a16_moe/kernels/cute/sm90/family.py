@@ -74,7 +74,7 @@ TILES = (
 WARP_RULE = ((4, 0), (12, 1))
 #: FP4 (E2M1: NVFP4, MXFP4) calls keep the SM90 tiles in the :data:`WARP_RULE` buckets: on the two MXFP4
 #: layers of the H200 sweep (gpt-oss-120b's shape and a 64-expert one, 4-256 tokens) the SM90 TN 8 / 16 tiles
-#: took 0.62-0.73 x the warp-MMA tiles' time (docs/perf/2026-12-01-fp4-selection)
+#: took 0.62-0.76 x the warp-MMA tiles' time (docs/perf/2026-12-01-fp4-selection)
 SM90_ONLY_FP4 = True
 
 
