@@ -96,8 +96,15 @@ def test_routing_setting_auto_takes_the_cute_kernels_only_when_all_are_prebuilt(
     assert not provider.cute_routing("sm_80", 8)  # the family needs SM90+ (griddepcontrol)
     assert provider._routing("sm_90a", 8)[0].__name__ == "prepare_routes_cute"
     assert provider._routing("sm_90a", 2048)[0].__name__ == "prepare_routes"
+    assert provider.routing_choice("sm_90a", 8) == (
+        "cute (W4A16_MOE_ROUTING=auto: every CuTe routing kernel is prebuilt for sm_90a)")
+    assert provider.routing_choice("sm_90a", 2048).startswith("triton (W4A16_MOE_ROUTING=auto: 2048 local experts")
+    from w4a16_moe import doctor
+
+    assert doctor.report(device="cpu", arch="sm_90a", experts=8)["routing"].startswith("cute (")
     monkeypatch.setenv("W4A16_MOE_ROUTING", "triton")
     assert not provider.cute_routing("sm_90a", 8)
+    assert provider.routing_choice("sm_90a", 8) == "triton (W4A16_MOE_ROUTING=triton)"
     monkeypatch.setenv("W4A16_MOE_ROUTING", "cute")
     assert provider.cute_routing("sm_80", 8)
     provider._routing_prebuilt.cache_clear()

@@ -134,7 +134,14 @@ def report(scheme="int4_g32", dtype="bfloat16", hidden=7168, intermediate=256, e
                     "plan": d.plan.describe() if d.plan else None}
     except (ProviderUnavailable, ValueError) as exc:
         decision = {"backend": backend, "provider": None, "reason": str(exc)}
+    try:
+        from .kernels.cute.provider import routing_choice
+
+        routing = routing_choice(arch or info.arch or "sm_90a", experts)
+    except Exception as exc:  # the doctor must always print something useful
+        routing = f"{type(exc).__name__}: {exc}"
     return {
+        "routing": routing,
         "cute_plan": _cute_plan(call, arch or info.arch or "sm_90a", info.name if info.is_cuda and not arch else
                                 ("NVIDIA H200" if (arch or "sm_90a") == "sm_90a" else f"a {arch} GPU")),
         "w4a16_moe": __version__,
@@ -208,6 +215,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if dec.get("plan"):
         print(f"plan     : {dec['plan']}")
     print(f"cute plan: {r['cute_plan']}")
+    print(f"routing  : {r['routing']}")
     look = r["kernel_lookup"]
     for which in ("gate_up", "down"):
         if which in look:

@@ -553,6 +553,23 @@ def cute_routing(arch: str, num_experts: int) -> bool:
     return num_experts + 1 <= rcfg.E_PADS[-1] and _routing_prebuilt(arch, s.prebuilt_dir)
 
 
+def routing_choice(arch: str, num_experts: int) -> str:
+    """:func:`cute_routing` in words (``doctor``)."""
+    s = settings.get()
+    kind = "cute" if cute_routing(arch, num_experts) else "triton"
+    if s.routing != "auto":
+        return f"{kind} (W4A16_MOE_ROUTING={s.routing})"
+    from .routing import config as rcfg
+
+    if num_experts + 1 > rcfg.E_PADS[-1]:
+        why = f"{num_experts} local experts exceed the CuTe tables ({rcfg.E_PADS[-1] - 1})"
+    elif kind == "cute":
+        why = f"every CuTe routing kernel is prebuilt for {arch}"
+    else:
+        why = f"the CuTe routing kernels are not all prebuilt for {arch}"
+    return f"{kind} (W4A16_MOE_ROUTING=auto: {why})"
+
+
 @functools.lru_cache(maxsize=None)
 def _routing_prebuilt(arch: str, _prebuilt_env) -> bool:
     """Every spec of the CuTe routing family is in the prebuilt libraries for ``arch`` (cached per arch and
