@@ -3,7 +3,9 @@
     python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
         [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500]
 
-For each layer (``E,H,I,TOPK``, uniform routing over the E local experts) and token count it times, like the
+For each layer (``E,H,I,TOPK[,E_GLOBAL]``: uniform routing over the E local experts, or with ``E_GLOBAL > E``
+over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-parallel rank, its calls carrying the
+``global_num_experts`` hint) and token count it times, like the
 autotuner (:mod:`w4a16_moe.kernels.cute.autotune`: first call checked against the FP32 reference, then CUDA
 graph replays), every candidate of ``autotune.candidates`` whose kernels the loader has (prebuilt or cached):
 the rule's buckets and the tuned table's tiles of the SM90 family, the warp family's tiles, each with the
@@ -20,9 +22,21 @@ import sys
 import time
 
 
+def parse_layer(spec: str) -> tuple:
+    """``"E,H,I,TOPK[,E_GLOBAL]"`` -> ``(E, H, I, TOPK, E_GLOBAL or None)`` (None: every expert local)."""
+    parts = spec.split(",")
+    if len(parts) not in (4, 5) or not all(p.strip().isdigit() for p in parts):
+        raise SystemExit(f"--layers: expected E,H,I,TOPK[,E_GLOBAL] (positive integers), got {spec!r}")
+    e, h, i, k, *rest = (int(p) for p in parts)
+    g = rest[0] if rest else None
+    if min(e, h, i, k) < 1 or (g is not None and g < e):
+        raise SystemExit(f"--layers: sizes must be >= 1 and E_GLOBAL >= E, got {spec!r}")
+    return e, h, i, k, (g if g and g > e else None)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK per layer")
+    ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL] per layer")
     ap.add_argument("--tokens", default="16,64,256,1024")
     ap.add_argument("--scheme", default="int4_g128")
     ap.add_argument("--dtype", default="bf16")
@@ -51,18 +65,19 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     rows = []
     for spec in args.layers:
-        e, h, i, k = (int(v) for v in spec.split(","))
-        wl = Workload(f"sweep-{spec}", spec, e, e, h, i, k, args.scheme, tuple(tokens), args.dtype, args.activation)
+        e, h, i, k, g = parse_layer(spec)
+        wl = Workload(f"sweep-{spec}", spec, g or e, e, h, i, k, args.scheme, tuple(tokens), args.dtype,
+                      args.activation)
         weights = make_weights(wl, torch.Generator(device=dev).manual_seed(SEED), dev)
         memo: dict = {}
         for t in tokens:
             if time.perf_counter() - t_start > args.budget_s:
                 print(f"# budget spent: {spec} T={t} and later rows not measured", flush=True)
                 break
-            call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name)
+            call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name, global_experts=g)
             default = at._default_choice(call, info)
             cands = at.candidates(call, info, memo=memo)
-            x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t)
+            x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t, global_experts=g)
             ref = reference_moe(x, weights, tw, ids, activation=act.name)
             res = []
             for c in cands:
@@ -89,7 +104,7 @@ def main(argv=None) -> int:
             dflt = next((r for r in ok if r["default"]), None)
             print(f"{spec} T={t}: {len(ok)} timed; best {best and best['choice']} {best and best['us']} us;"
                   f" default {dflt and dflt['choice']} {dflt and dflt['us']} us", flush=True)
-            rows.append(dict(layer=spec, E=e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme, dtype=args.dtype,
+            rows.append(dict(layer=spec, E=e, E_global=g or e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme, dtype=args.dtype,
                              finalize=args.finalize, default=default and default.label(), results=res))
             del x, tw, ids, ref
         del weights

@@ -1,4 +1,4 @@
-"""The tuner's decode summary and scripts/merge_tuned.py, on the CPU (no GPU needed)."""
+"""The tuner's decode summary, scripts/merge_tuned.py and scripts/sweep_tiles.py's arguments, on the CPU (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from w4a16_moe.bench.tune import decode_summary
 from w4a16_moe.kernels.cute.sm90 import family as fam
@@ -143,3 +145,18 @@ def test_benchmark_subset_rows_match_the_full_run():
     for t in (8, 2):
         assert all(torch.equal(a, b) for a, b in zip(sub[t], full[t]))
     assert sub[3][0].shape == (3, 32)
+
+
+def test_sweep_tiles_parses_expert_parallel_layers():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "scripts"))
+    from sweep_tiles import parse_layer
+
+    assert parse_layer("128,2048,768,8") == (128, 2048, 768, 8, None)
+    assert parse_layer("32,7168,2048,8,256") == (32, 7168, 2048, 8, 256)
+    assert parse_layer("32,7168,2048,8,32") == (32, 7168, 2048, 8, None)  # every expert local: no hint
+    for bad in ("32,7168,2048", "32,7168,2048,8,16", "a,b,c,d", "0,7168,2048,8"):
+        with pytest.raises(SystemExit, match="--layers"):
+            parse_layer(bad)
