@@ -47,7 +47,7 @@ from .formats.weights import MoEWeights, QuantizedMatrix, check_w13_perm
 from .providers import get_provider, resolve_backend, select_provider
 from .validate import check_masked_call, check_moe_call, check_routes_call
 
-__all__ = ["weight_args", "weights_from_args", "permuted_routes_input"]
+__all__ = ["weight_args", "weights_from_args", "permuted_routes_input", "permuted_expert_routes"]
 
 _W = (
     "Tensor w13_codes, Tensor w13_scales, Tensor? w13_zeros, Tensor? w13_global_scale, "
@@ -138,25 +138,34 @@ def permuted_routes_input(x: torch.Tensor, w13_perm: torch.Tensor, local: torch.
     return xg
 
 
+def permuted_expert_routes(x, weights: MoEWeights, w13_perm, local: torch.Tensor, top_k: int, activation: str,
+                           backend: str, global_num_experts=None) -> tuple:
+    """``(y [T, k, H], valid [T, k])`` of the routes ``local [T*k]`` (int64 local expert ids; out of ``0..E-1``:
+    invalid) of ``weights`` (without the permutation) under ``w13_perm``: x gathered per route
+    (:func:`permuted_routes_input`), then the provider's per-route half over the ``T*k`` rows as top-1."""
+    t, e = x.shape[0], weights.num_experts
+    valid = (local >= 0) & (local < e)
+    xg = permuted_routes_input(x, w13_perm, local.clamp(0, e - 1), top_k)
+    ids1 = torch.where(valid, local, -1).to(torch.int32).view(t * top_k, 1)
+    rcall = check_routes_call(xg, weights, ids1, activation=activation, global_num_experts=global_num_experts)
+    decision = select_provider(rcall, resolve_backend(backend))
+    y, _ = get_provider(decision.provider).expert_routes(decision.plan, rcall, xg, weights, ids1)
+    return y.view(t, top_k, -1), valid.view(t, top_k)
+
+
 def _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, out, global_num_experts):
-    """A routed call with ``w13_perm``: gather x per route, the provider's per-route half (top-1), FP32 combine."""
+    """A routed call with ``w13_perm``: :func:`permuted_expert_routes`, then the FP32 combine."""
     from .routes import combine_routes
 
     t, k = topk_ids.shape
     if t == 0:
         return
-    e = weights.num_experts
     local = topk_ids.reshape(-1).long()
     if call.expert_offset:
         local = local - call.expert_offset
-    valid = (local >= 0) & (local < e)
-    xg = permuted_routes_input(x, w13_perm, local.clamp(0, e - 1), k)
-    local_ids = torch.where(valid, local, -1).to(torch.int32).view(t * k, 1)
-    rcall = check_routes_call(xg, weights, local_ids, activation=call.activation.name,
-                              global_num_experts=global_num_experts)
-    decision = select_provider(rcall, resolve_backend(backend))
-    y, _ = get_provider(decision.provider).expert_routes(decision.plan, rcall, xg, weights, local_ids)
-    out.copy_(combine_routes(y.view(t, k, -1), topk_weights, valid.view(t, k), x.dtype))
+    y, valid = permuted_expert_routes(x, weights, w13_perm, local, k, call.activation.name, backend,
+                                      global_num_experts)
+    out.copy_(combine_routes(y, topk_weights, valid, x.dtype))
 
 
 def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, expert_offset, backend, out,

@@ -31,8 +31,7 @@ def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor,
     routes are gathered (:func:`w4a16_moe.ops.permuted_routes_input`) and run as top-1 rows, as
     :func:`w4a16_moe.fused_moe` does.
     """
-    perm = getattr(weights, "w13_perm", None)
-    if perm is not None:
+    if getattr(weights, "w13_perm", None) is not None:  # (a non-MoEWeights gets check_routes_call's error)
         return _permuted_expert_routes(x, weights, local_ids, activation, backend, global_num_experts)
     call = check_routes_call(x, weights, local_ids, activation=activation, global_num_experts=global_num_experts)
     decision = select_provider(call, resolve_backend(backend))
@@ -40,18 +39,11 @@ def expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.Tensor,
 
 
 def _permuted_expert_routes(x, weights: MoEWeights, local_ids, activation, backend, global_num_experts):
-    from .ops import permuted_routes_input
+    from .ops import permuted_expert_routes
 
     check_routes_call(x, weights, local_ids, activation=activation, global_num_experts=global_num_experts)
-    plain = weights.without_w13_perm()
-    r, k = local_ids.shape
-    e = weights.num_experts
-    local = local_ids.reshape(-1).long()
-    valid = (local >= 0) & (local < e)
-    xg = permuted_routes_input(x, weights.w13_perm, local.clamp(0, e - 1), k)
-    ids1 = torch.where(valid, local, -1).to(torch.int32).view(r * k, 1)
-    y, _ = expert_routes(xg, plain, ids1, activation=activation, backend=backend, global_num_experts=global_num_experts)
-    return y.view(r, k, -1), valid.view(r, k)
+    return permuted_expert_routes(x, weights.without_w13_perm(), weights.w13_perm, local_ids.reshape(-1).long(),
+                                  local_ids.shape[1], activation, backend, global_num_experts)
 
 
 def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype, *,
