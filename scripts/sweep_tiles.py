@@ -1,7 +1,7 @@
 """Time every grouped-GEMM choice the CuTe provider can make on a set of layers (GPU; data for the selection rule).
 
     python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
-        [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500]
+        [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500] [--kernels]
 
 For each layer (``E,H,I,TOPK[,E_GLOBAL]``: uniform routing over the E local experts, or with ``E_GLOBAL > E``
 over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-parallel rank, its calls carrying the
@@ -11,7 +11,8 @@ graph replays), every candidate of ``autotune.candidates`` whose kernels the loa
 the rule's buckets and the tuned table's tiles of the SM90 family, the warp family's tiles, each with the
 split-K rule and 1, 2, 4, 8, and the decode path where it applies. It writes every time, not only the
 fastest, with the selection's default choice marked, so a rule or cost model can be fitted and checked
-against all of it. Kernels are never compiled here (``W4A16_MOE_DISABLE_JIT=1`` on the GPU machine).
+against all of it. ``--kernels`` adds each choice's kernels apart (route preparation, gate/up GEMM, down GEMM,
+finalize: name and median us of five eager calls under ``torch.profiler``), so each GEMM can be modelled alone. Kernels are never compiled here (``W4A16_MOE_DISABLE_JIT=1`` on the GPU machine).
 """
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ def main(argv=None) -> int:
     ap.add_argument("--finalize", default="deterministic")
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rows after this long")
+    ap.add_argument("--kernels", action="store_true",
+                    help="also record each choice's kernels apart (torch.profiler, eager calls, launch order)")
     args = ap.parse_args(argv)
 
     import torch
 
     from w4a16_moe.activations import get_activation
+    from w4a16_moe.bench.profile import kernels_in_order
     from w4a16_moe.bench.workloads import SEED, Workload, make_weights
     from w4a16_moe.device import probe
     from w4a16_moe.kernels.cute import autotune as at
@@ -92,13 +96,16 @@ def main(argv=None) -> int:
                     if not (err < at.MAX_NRMSE and bool(torch.isfinite(o).all())):
                         res.append(dict(choice=c.label(), error=f"nrmse {err:.3g}"))
                         continue
-                    us = at._time_us(lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p))
+                    fn = lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)  # noqa: E731
+                    us = at._time_us(fn)
+                    kern = [[n, round(t_us, 2)] for n, t_us in kernels_in_order(fn, calls=5)] if args.kernels else None
                 except Exception as ex:  # noqa: BLE001 - recorded, the sweep goes on
                     res.append(dict(choice=c.label(), error=f"{type(ex).__name__}: {str(ex)[:200]}"))
                     continue
                 res.append(dict(choice=c.label(), family=p.family, decode=bool(p.decode), tiles=dict(p.tiles),
                                 splits=list(p.splits), us=round(us, 2), nrmse=round(err, 5),
-                                default=(default is not None and c == default)))
+                                default=(default is not None and c == default),
+                                **({"kernels": kern} if kern is not None else {})))
             ok = [r for r in res if "us" in r]
             best = min(ok, key=lambda r: r["us"]) if ok else None
             dflt = next((r for r in ok if r["default"]), None)
@@ -106,6 +113,9 @@ def main(argv=None) -> int:
                   f" default {dflt and dflt['choice']} {dflt and dflt['us']} us", flush=True)
             rows.append(dict(layer=spec, E=e, E_global=g or e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme, dtype=args.dtype,
                              finalize=args.finalize, default=default and default.label(), results=res))
+            if args.json:  # after every row: a run cut short keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump(dict(device=info.name, sm_count=info.sm_count, rows=rows), f, indent=1)
             del x, tw, ids, ref
         del weights
         torch.cuda.empty_cache()
