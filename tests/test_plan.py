@@ -2,9 +2,10 @@
 (tiles, family, split-K, decode or not, kernel configs), recorded in ``tests/data/plan_choices_ed90ab0.json``
 from ``choose_with_family`` / ``use_decode`` / ``decode_bound`` / ``num_splits`` before the plan existed,
 wherever a tuned-table row or the decode rule decides (rows added to the table since, ``ADDED``, select their
-own tiles); calls the routes-per-expert rule decides follow the
-rule's current table (re-fitted after ed90ab0, see ``sm90.family``); and the tuned table converted to
-candidate names selects the same tile dicts as the index-based one."""
+own tiles); calls no tuned row covers follow the current rule (the cost model for INT4, see ``sm90.family``);
+split-K counts follow the current split rule (re-fitted after ed90ab0: ``tiles.split_k``) wherever a tuned row
+does not fix them; and the tuned table converted to candidate names selects the same tile dicts as the
+index-based one."""
 
 from __future__ import annotations
 
@@ -49,18 +50,40 @@ ROUTED = [r for r in REC["rows"] if "tokens" in r]
 MASKED = [r for r in REC["rows"] if "masked_capacity" in r]
 
 
-def _rule_plan_ok(p, r, finalize):
-    """A grouped plan the rule decided: the rule's family and tiles, that family's split-K rule."""
+def _split_rule(p, r):
+    """The current split-K rule's ``(up, down)`` parts for recorded call ``r`` with plan ``p``'s configs."""
     from w4a16_moe.kernels.cute import registry
 
     L = REC["layers"][r["layer"]]
-    want_family, want_tiles, _ = fam.rule_choice(r["tokens"] * L["k"], L["e"])
-    f = registry.get(want_family)
+    f = registry.get(p.family)
     up, down = p.configs
     rr = r["tokens"] * L["k"]
     n13 = 2 * L["i"]  # swiglu: gated
-    return (p.family == want_family and dict(p.tiles) == want_tiles
-            and p.splits == (f.num_splits(n13, L["h"], up, rr, L["e"], 132), f.num_splits(L["h"], L["i"], down, rr, L["e"], 132)))
+    return (f.num_splits(n13, L["h"], up, rr, L["e"], 132, L["k"]), f.num_splits(L["h"], L["i"], down, rr, L["e"], 132, L["k"]))
+
+
+def _rule_plan_ok(p, r, finalize):
+    """A grouped plan no tuned row decided: the current rule's family and tiles (the cost model for INT4), that
+    family's split-K rule."""
+    L = REC["layers"][r["layer"]]
+    want_family, want_tiles, _ = fam.rule_choice(r["tokens"] * L["k"], L["e"], L["k"], None, L["scheme"], L["h"],
+                                                 L["i"], True, 132)
+    return p.family == want_family and dict(p.tiles) == want_tiles and p.splits == _split_rule(p, r)
+
+
+def _untuned(p) -> bool:
+    return p.note == "rule" or p.note.startswith("cost model")
+
+
+def _row_splits(r):
+    """The split-K parts the governing tuned row fixes (an int), or None (the split rule decides)."""
+    L = REC["layers"][r["layer"]]
+    key = fam.tuned_key(L["gpu"], L["e"], L["h"], L["i"], L["scheme"], L["dt"], L["k"])
+    best = None
+    for row in fam._tuned_table().get(key) or ():
+        if row.tokens <= r["tokens"] or best is None:
+            best = row
+    return None if best is None else best.splits
 
 
 #: rows added to the tuned table after ed90ab0, as (key, tokens): the calls they govern select their tiles
@@ -100,7 +123,7 @@ def test_routed_plans_match_the_recorded_choices(finalize):
         if p.decode:
             assert [c.name() for c in p.configs] == r["decode_configs"], where
             continue
-        if p.note == "rule":
+        if _untuned(p):
             assert _rule_plan_ok(p, r, finalize), (where, p.family, dict(p.tiles), p.splits)
             ruled += 1
             continue
@@ -111,7 +134,10 @@ def test_routed_plans_match_the_recorded_choices(finalize):
             continue
         assert p.family == r["family"] and dict(p.tiles) == r["tiles"], where
         assert [c.name() for c in p.configs] == r[finalize]["configs"], where
-        assert p.splits == (r[finalize]["split_up"], r[finalize]["split_down"]), where
+        if _row_splits(r) is not None:
+            assert p.splits == (r[finalize]["split_up"], r[finalize]["split_down"]), where
+        else:
+            assert p.splits == _split_rule(p, r), where
         assert p.arch == "sm_90a"
     assert ruled > 20  # the untuned layers (U, W1 fp16, W1 on an H100) are decided by the rule
 
@@ -122,7 +148,7 @@ def test_routes_only_plans_never_decode():
         call = MoECall(**{**call.__dict__, "routes_only": True})
         p = provider.plan(call, _info(r["layer"]))
         assert not p.decode, (r["layer"], r["tokens"])
-        if p.note == "rule":
+        if _untuned(p):
             assert _rule_plan_ok(p, r, "deterministic"), (r["layer"], r["tokens"])
             continue
         added = _added_row(r)

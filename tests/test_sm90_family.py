@@ -32,8 +32,11 @@ def test_split_rule_counts_ctas_not_row_blocks():
     seven = Sm90GemmConfig(mode="down", m64_per_block=4, tokens_per_tile=64, k_tile=128, row_blocks_per_cta=7)
     # W1 down (N = H = 7168: 28 row blocks of 256), 8 routes on 8 experts
     assert fam.num_splits(7168, 256, one, 8, 384) == 1  # 28 * 8 = 224 CTAs >= 132
-    assert fam.num_splits(7168, 256, seven, 8, 384) == 2  # 4 * 8 = 32 CTAs: split K (2 K tiles at most)
-    assert fam.num_splits(7168, 2048, seven, 8, 384) == 8
+    assert fam.num_splits(7168, 256, seven, 8, 384) == 1  # 4 * 8 = 32 CTAs, but 2 K tiles: too short to split
+    assert fam.num_splits(7168, 2048, seven, 8, 384) == 1  # 16 K tiles: a split would keep fewer than 12
+    # K = 14336 (112 K tiles): 5 splits would fill the GPU, but their FP32 partials (16 * TN * s / K = 0.36 of the
+    # weight bytes) cost more than the SMs they fill; 3 keep them within a quarter
+    assert fam.num_splits(7168, 14336, seven, 8, 384) == 3
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")

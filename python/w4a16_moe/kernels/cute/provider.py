@@ -164,11 +164,13 @@ def _plan_cached(call, info: DeviceInfo) -> tuple:
     return hit
 
 
-def _grouped_choice(base: KernelFamily, call, dt: str, gpu: str) -> tuple:
+def _grouped_choice(base: KernelFamily, call, dt: str, info: DeviceInfo) -> tuple:
     """``(family, tiles, splits or None)`` of a routed call: the SM90 family may hand a layer shape to
-    another family where its tuned table measured that faster (the plan then names that family)."""
+    another family where its tuned table or its cost model found that faster (the plan then names that
+    family)."""
     name, tiles, splits = base.choose(call.tokens, call.top_k, call.experts, call.hidden, call.intermediate,
-                                      call.scheme, dt, gpu, call.global_experts)
+                                      call.scheme, dt, info.name, call.global_experts,
+                                      gated=call.activation.gated, sm_count=info.sms)
     fam = registry.get(name)
     if fam is not base and fam.can_implement(call) is not None:  # the chosen family lacks a feature
         return base, base.select_tiles(call.tokens * call.top_k, call.experts, call.top_k, call.global_experts), None
@@ -215,7 +217,7 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         sd = 1 if inv else base.num_splits(hp, ip, down, r, e, sm)
         return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, hp, "masked",
                              pad=_pad_field(call, hp, ip)), None
-    fam, tiles, splits = _grouped_choice(base, call, dt, info.name)
+    fam, tiles, splits = _grouped_choice(base, call, dt, info)
     r = call.tokens * call.top_k
     if _max_tiles(r, e, tiles["tokens_per_tile"]) > fam.max_grid_y:
         return None, f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
@@ -241,9 +243,21 @@ def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
     rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
                   call.global_experts) if counts else []
     if not rows:
-        return "rule" + _ep_note(call)
+        return _rule_note(base, call, info) + _ep_note(call)
     below = [t for t in rows if t <= call.tokens]
     return f"tuned row T={below[-1] if below else rows[0]}" + _ep_note(call)
+
+
+def _rule_note(base: KernelFamily, call, info: DeviceInfo) -> str:
+    """``"cost model: ~X us for both GEMMs"`` where the family's cost model chose the tiles, else ``"rule"``."""
+    from ...formats.schemes import get_scheme
+
+    pick = getattr(_module(base), "model_choice", None)
+    if pick is None or get_scheme(call.scheme).is_fp4:
+        return "rule"
+    got = pick(call.tokens * call.top_k, call.experts, call.hidden, call.intermediate, call.activation.gated,
+               call.top_k, call.global_experts, info.sms)
+    return "rule" if got is None else f"cost model: ~{got[2]:.0f} us for both GEMMs"
 
 
 def _ep_note(call) -> str:

@@ -78,9 +78,9 @@ class KernelFamily(Protocol):
 
     # grouped families (role "grouped") also have:
     #   select_tiles(num_routes, num_experts, top_k=None, global_experts=None) -> tiles (the rule; masked calls)
-    #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu, global_experts=None) -> (family name, tiles, splits or
-    #       None): a routed call's choice, which may name another registered family (the SM90 tuned table's
-    #       warp rows)
+    #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu, global_experts=None, gated=True, sm_count=...) ->
+    #       (family name, tiles, splits or None): a routed call's choice, which may name another registered
+    #       family (the SM90 tuned table's warp rows, the SM90 cost model's warp tiles)
     #   num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> split-K parts
     #   (global_experts: the call's expert-parallel hint, MoECall.global_experts; see .tiles)
     #   max_grid_y: the launch's grid-y limit

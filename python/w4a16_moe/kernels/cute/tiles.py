@@ -11,10 +11,12 @@ the global experts; without it they assume every route is local (only host-known
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
-__all__ = ["routes_per_expert", "active_experts", "expected_local", "select", "group_param"]
+__all__ = ["routes_per_expert", "active_experts", "expected_local", "expected_tiles", "split_k", "select",
+           "group_param"]
 
 
 def expected_local(num_routes: int, num_experts: int, top_k: int, global_experts: int) -> tuple:
@@ -55,6 +57,59 @@ def active_experts(num_routes: int, num_experts: int, top_k: Optional[int] = Non
     if global_experts is None:
         return max(1, min(num_experts, num_routes))
     return _ceil(expected_local(num_routes, num_experts, _need_top_k(top_k), global_experts)[1])
+
+
+@functools.lru_cache(maxsize=8192)
+def expected_tiles(num_routes: int, num_experts: int, tokens_per_tile: int, top_k: Optional[int] = None,
+                   global_experts: Optional[int] = None) -> float:
+    """Expected token tiles ``sum_e E[ceil(n_e / TN)]`` of a call under uniform routing: a local expert's
+    route count ``n_e`` is Binomial(T, k / E_global) (``global_experts`` None: E_global = E, every route local;
+    ``top_k`` None: Binomial(T * k, 1 / E), for callers that know only the route count). What the split-K
+    rules count CTAs with and what the cost model streams weights for (each token tile re-reads its expert's
+    weights); an expert with 65 routes on TN 64 takes two tiles, which ``active_experts`` would count as one."""
+    if num_routes <= 0 or num_experts <= 0:
+        return 0.0
+    tn = max(1, tokens_per_tile)
+    if top_k is None or top_k < 1:
+        trials, p = num_routes, 1.0 / num_experts
+    else:
+        g = max(global_experts or num_experts, num_experts)
+        trials, p = max(1, num_routes // top_k), min(1.0, top_k / g)
+    if p >= 1.0:
+        return float(num_experts * -(-trials // tn))
+    mean = trials * p
+    sd = math.sqrt(mean * (1.0 - p))
+    lo, hi = max(1, int(mean - 12 * sd) - 1), min(trials, int(mean + 12 * sd) + 2)
+    lq, lp = math.log1p(-p), math.log(p)
+    base = math.lgamma(trials + 1)
+    acc = 0.0
+    for n in range(lo, hi + 1):
+        acc += math.exp(base - math.lgamma(n + 1) - math.lgamma(trials - n + 1) + n * lp + (trials - n) * lq) * -(-n // tn)
+    return num_experts * acc
+
+
+#: split-K: a split must keep at least this many K tiles, and the FP32 partials it writes and the fix-up
+#: reads back (``16 * TN * splits / K`` of the weight bytes) at most :data:`SPLIT_MAX_TRAFFIC`
+#: (fitted on the H200 sweep of docs/perf/2026-12-01-cost-model: beyond either, a split costs more than the
+#: SMs it fills)
+SPLIT_MIN_K_TILES = 12
+SPLIT_MAX_TRAFFIC = 0.25
+SPLIT_MAX = 8
+
+
+def split_k(ctas: int, target_ctas: int, k: int, k_tile: int, tokens_per_tile: int) -> int:
+    """Split-K parts for a launch of ``ctas`` CTAs (row blocks x expected token tiles) over a K of ``k``:
+    1 when the grid reaches ``target_ctas``, else enough parts to reach it (at most :data:`SPLIT_MAX`), as
+    long as each part keeps :data:`SPLIT_MIN_K_TILES` K tiles and the partials' traffic stays within
+    :data:`SPLIT_MAX_TRAFFIC` of the weights'."""
+    ctas = max(1, ctas)
+    if ctas >= target_ctas:
+        return 1
+    k_tiles = k // max(1, k_tile)
+    s = max(1, min(SPLIT_MAX, -(-target_ctas // ctas)))
+    while s > 1 and (k_tiles / s < SPLIT_MIN_K_TILES or 16 * tokens_per_tile * s / max(1, k) > SPLIT_MAX_TRAFFIC):
+        s -= 1
+    return s
 
 
 def _need_top_k(top_k: Optional[int]) -> int:

@@ -4,8 +4,13 @@ Every compiled kernel is a :class:`~w4a16_moe.loader.KernelSpec` of family ``sm9
 params are all fields of :class:`Sm90GemmConfig`, so the spec name encodes every codegen parameter;
 the same specs feed JIT (on first use) and AOT (:func:`variants` enumerates them).
 
-Tile selection (:func:`select_tiles`) uses only host-known sizes (``T * k``, ``E``, ``N``, ``K``), so a
-call never synchronizes, and one compiled kernel per bucket serves every token count:
+Tile selection uses only host-known sizes (``T * k``, ``E``, ``H``, ``I``, the expert-parallel hint), so a
+call never synchronizes, and one compiled kernel per tile shape serves every token count. A call no tuned row
+covers gets, for INT4 schemes, the **cost model**'s fastest of the rule tiles below and the warp family's tiles
+(:func:`model_choice`, :mod:`..cost_model`: bytes streamed with each token tile's re-read, CTAs in waves,
+epilogue, per tile shape and GEMM, fitted on an H200 sweep of 13 layer shapes; docs/perf/2026-12-01-cost-model).
+FP4 calls, calls without the layer's sizes (masked layout) and a missing model use the routes-per-expert
+rule (:func:`select_tiles`):
 
 =====================  ====  ==  ===  ======  ====  =================================  ==========================
 routes per expert r    TN    X   BK   stages  WGs   schedule                           with the warp family (auto)
@@ -27,11 +32,13 @@ lowest geometric-mean time relative to each row's fastest choice.
 
 ``r = cdiv(T * k, min(E, T * k))`` (an upper bound under expert parallelism, where most routes belong
 to other ranks), or with the ``global_num_experts`` hint ``ceil(R_local / D_local)``: the expected local routes
-over the expected distinct local experts hit (:func:`.tiles.expected_local`). Split-K
-(``num_splits``, a runtime argument) is used when the grid would not fill the GPU twice, in both finalize
-modes: the partials are summed in fixed split order, so deterministic calls stay bit-identical run to run
-(``W4A16_MOE_BATCH_INVARIANT=1`` turns split-K off for batch invariance). ``EXTRA_TILES`` are further
-shapes (deeper weight pipelines for decode-sized batches) that only the tuner selects.
+over the expected distinct local experts hit (:func:`.tiles.expected_local`). Split-K (``num_splits``, a
+runtime argument; :func:`.tiles.split_k`) is used when the grid of row blocks x expected token tiles would
+leave SMs without a CTA, and only while each split keeps 12 K tiles and its FP32 partials stay within a
+quarter of the weight traffic, in both finalize modes: the partials are summed in fixed split order, so
+deterministic calls stay bit-identical run to run (``W4A16_MOE_BATCH_INVARIANT=1`` turns split-K off for batch
+invariance). ``EXTRA_TILES`` are further shapes (deeper weight pipelines for decode-sized batches) that only
+the tuner selects.
 
 A tuner (``python -m w4a16_moe tune``) measures every candidate (``CANDIDATES``) and split choice on a workload and stores the
 best per token count in ``tuned.json`` (:mod:`.tuned`: rows name their candidate) keyed by GPU name and layer shape (with the versions it was
@@ -328,10 +335,11 @@ tuned_key = tuned.tuned_key
 
 
 def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str,
-                       dtype: str, gpu: str, global_experts: Optional[int] = None) -> tuple:
+                       dtype: str, gpu: str, global_experts: Optional[int] = None, gated: bool = True,
+                       sm_count: int = DEFAULT_SM_COUNT) -> tuple:
     """``(family, tiles, splits or None)`` for a call on an SM90 GPU: the override of
     :func:`~w4a16_moe.kernels.cute.overrides.forced` (tuner, profiler, tests), then the tuned table (largest
-    measured token count <= ``tokens``), then the routes-per-expert rule. ``family`` is ``"sm90"`` (``tiles``
+    measured token count <= ``tokens``), then :func:`rule_choice` (the cost model, else the rule). ``family`` is ``"sm90"`` (``tiles``
     from :data:`CANDIDATES`) or ``"warp"`` (a tuned row measured faster with the portable warp-MMA family;
     ``tiles`` from its ``TILES``): the plan then names that family. ``splits`` None means the family's
     ``num_splits`` rule. ``global_experts``: the expert-parallel hint (the tuned table's ``e<E>of<E_global>``
@@ -346,7 +354,8 @@ def choose_with_family(tokens: int, top_k: int, num_experts: int, hidden: int, i
             if row.tokens <= tokens or best is None:
                 best = row
         return best.family, dict(best.tiles), best.splits
-    return rule_choice(tokens * top_k, num_experts, top_k, global_experts, scheme)
+    return rule_choice(tokens * top_k, num_experts, top_k, global_experts, scheme, hidden, intermediate, gated,
+                       sm_count)
 
 
 def _fp4(scheme) -> bool:
@@ -356,11 +365,17 @@ def _fp4(scheme) -> bool:
 
 
 def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
-                global_experts: Optional[int] = None, scheme=None) -> tuple:
-    """``(family, tiles, None)`` of the routes-per-expert rule (the module docstring's table; ``global_experts``
-    with ``top_k``: the expert-parallel hint): the warp-MMA family's tile in the buckets of :data:`WARP_RULE`
-    when the warp family may be chosen and ``scheme`` is not FP4 (:data:`SM90_ONLY_FP4`; None: INT4), else
-    :data:`TILES`."""
+                global_experts: Optional[int] = None, scheme=None, hidden: Optional[int] = None,
+                intermediate: Optional[int] = None, gated: bool = True, sm_count: int = DEFAULT_SM_COUNT) -> tuple:
+    """``(family, tiles, None)`` of a call no tuned row covers (``global_experts`` with ``top_k``: the
+    expert-parallel hint). INT4 calls with the layer's ``hidden`` / ``intermediate``: the cost model's fastest
+    of the rule tiles (:func:`model_choice`). Otherwise the routes-per-expert rule: the warp-MMA family's tile in
+    the buckets of :data:`WARP_RULE` when the warp family may be chosen and ``scheme`` is not FP4
+    (:data:`SM90_ONLY_FP4`; None: INT4), else :data:`TILES`."""
+    if hidden is not None and intermediate is not None and not _fp4(scheme):
+        got = model_choice(num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts, sm_count)
+        if got is not None:
+            return got[0], got[1], None
     if settings.get().cute_family == "auto" and not (SM90_ONLY_FP4 and _fp4(scheme)):
         from ..warp import family as warp
 
@@ -369,6 +384,47 @@ def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
             if r <= bound:
                 return "warp", dict(warp.TILES[idx][1]), None
     return "sm90", select_tiles(num_routes, num_experts, top_k, global_experts), None
+
+
+#: tile shapes beyond :data:`TILES` the cost model may choose for INT4 calls (in :func:`selectable_tiles`, so the
+#: full AOT set has them for every INT4 scheme): gate/up TN 32 / 56 with the ping-pong down GEMM of 28 row
+#: blocks per CTA, which streams a short K (I <= 512: TP-sharded experts) at 1.1-1.35 x the speed of the rule's
+#: down tiles from 1024 tokens on (docs/perf/2026-12-01-cost-model)
+MODEL_TILES = (
+    {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
+     "down_mma_kblocks": 4},
+    {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
+     "pdl": True, "mma_kblocks": 4},
+)
+assert all(t in CANDIDATES for t in MODEL_TILES), "every model tile must be a candidate"
+
+
+def model_candidates() -> list:
+    """``[(family, tiles)]`` the cost model chooses among: the tiles of :data:`TILES` and :data:`MODEL_TILES`
+    and, when the warp family may be chosen (``W4A16_MOE_CUTE_FAMILY=auto``), the warp family's ``TILES``:
+    shapes whose kernels every INT4 scheme, dtype and activation has in the full AOT set."""
+    out = [("sm90", dict(t)) for _, t in TILES] + [("sm90", dict(t)) for t in MODEL_TILES]
+    if settings.get().cute_family == "auto":
+        from ..warp import family as warp
+
+        out += [("warp", dict(t)) for _, t in warp.TILES]
+    return out
+
+
+def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
+                 top_k: Optional[int] = None, global_experts: Optional[int] = None,
+                 sm_count: int = DEFAULT_SM_COUNT) -> Optional[tuple]:
+    """``(family, tiles, predicted us)`` of the cost model's (:mod:`..cost_model`) fastest
+    :func:`model_candidates` choice for a call, or None when the model knows none of them."""
+    from .. import cost_model
+
+    by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()}
+    got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
+                          sm_count)
+    if got is None:
+        return None
+    f, t = by_name[got[0]]
+    return f, dict(t), got[1]
 
 
 def choose(tokens: int, top_k: int, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,
@@ -391,21 +447,22 @@ def tuned_token_counts(gpu: str, num_experts: int, hidden: int, intermediate: in
 
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
                top_k: Optional[int] = None, global_experts: Optional[int] = None) -> int:
-    """Split-K factor: enough CTAs for two waves on ``sm_count`` SMs when the (row block x token tile) grid is
-    small (``global_experts``, with ``top_k``: the expert-parallel hint, :func:`.tiles.active_experts`)."""
-    tiles = tiles_rule.active_experts(num_routes, num_experts, top_k, global_experts)  # one tile per active expert
-    rb = cfg.row_blocks_per_cta
-    ctas = -(-(n // (64 * cfg.m64_per_block)) // rb) * tiles
-    k_tiles = k // cfg.k_tile
-    if ctas >= sm_count:
-        return 1
-    return max(1, min(8, k_tiles, (2 * sm_count) // ctas))
+    """Split-K factor (:func:`.tiles.split_k`): enough CTAs for ``min_ctas_per_sm`` per SM when the grid of
+    row blocks x expected token tiles (:func:`.tiles.expected_tiles`; ``global_experts``, with ``top_k``: the
+    expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits."""
+    tn = cfg.tokens_per_tile
+    tiles = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
+    ctas = -(-(n // (64 * cfg.m64_per_block)) // cfg.row_blocks_per_cta) * max(1, round(tiles))
+    return tiles_rule.split_k(ctas, max(1, cfg.min_ctas_per_sm) * sm_count, k, cfg.k_tile, tn)
 
 
 def selectable_tiles(scheme: Optional[str] = None) -> list:
-    """The tile shapes a call can select: the rule's buckets plus every candidate the tuned table uses
-    (for ``scheme`` only, when given: tuned rows are keyed by scheme)."""
+    """The tile shapes a call can select: the rule's buckets, the cost model's ping-pong down GEMMs for INT4
+    schemes (:data:`MODEL_TILES`), and every candidate the tuned table uses (for ``scheme`` only, when given:
+    tuned rows are keyed by scheme)."""
     rule = [t for _, t in TILES]
+    if scheme is None or not _fp4(scheme):
+        rule += [dict(t) for t in MODEL_TILES if t not in rule]
     used = {row.candidate for key, rows in _tuned_table().items() for row in rows
             if row.family == "sm90" and (scheme is None or f"|{scheme}|" in key)}
     extra = [t for t in CANDIDATES if tuned.candidate_name(t) in used and t not in rule]
@@ -508,8 +565,10 @@ class Sm90Family:
     def select_tiles(self, num_routes, num_experts, top_k=None, global_experts=None) -> dict:
         return select_tiles(num_routes, num_experts, top_k, global_experts)
 
-    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts=None) -> tuple:
-        return choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts)
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts=None,
+               gated=True, sm_count=DEFAULT_SM_COUNT) -> tuple:
+        return choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts,
+                                  gated, sm_count)
 
     def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> int:
         return num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k, global_experts)

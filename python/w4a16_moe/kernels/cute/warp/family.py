@@ -98,17 +98,19 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=
     return up, down
 
 
+#: the warp-MMA family's split-K target: this many CTAs per SM (4-warp CTAs; several fit on one SM)
+SPLIT_CTAS_PER_SM = 4
+
+
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
                top_k: Optional[int] = None, global_experts: Optional[int] = None) -> int:
-    """Split-K factor: enough CTAs for about four small CTAs per SM when the (row block x token tile) grid is
-    small (decode), each split keeping at least two K tiles; at most 16 (``global_experts``, with ``top_k``:
-    the expert-parallel hint, :func:`..tiles.active_experts`)."""
-    tiles = tiles_rule.active_experts(num_routes, num_experts, top_k, global_experts)  # one tile per active expert
-    ctas = (n // cfg.rows_per_cta) * tiles
-    k_tiles = k // cfg.k_tile
-    if ctas >= 2 * sm_count:
-        return 1
-    return max(1, min(16, k_tiles // 2, -(-4 * sm_count // ctas)))
+    """Split-K factor (:func:`..tiles.split_k`): enough CTAs for :data:`SPLIT_CTAS_PER_SM` per SM when the
+    grid of row blocks x expected token tiles (:func:`..tiles.expected_tiles`; ``global_experts``, with
+    ``top_k``: the expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits."""
+    tn = cfg.tokens_per_tile
+    tiles = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
+    ctas = (n // cfg.rows_per_cta) * max(1, round(tiles))
+    return tiles_rule.split_k(ctas, SPLIT_CTAS_PER_SM * sm_count, k, cfg.k_tile, tn)
 
 
 def max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
@@ -202,7 +204,8 @@ class WarpFamily:
     def select_tiles(self, num_routes, num_experts, top_k=None, global_experts=None) -> dict:
         return select_tiles(num_routes, num_experts, top_k, global_experts)
 
-    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts=None) -> tuple:
+    def choose(self, tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts=None,
+               gated=True, sm_count=None) -> tuple:
         return self.name, select_tiles(tokens * top_k, num_experts, top_k, global_experts), None
 
     def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> int:

@@ -1,0 +1,86 @@
+"""The grouped path's cost model: the predicted time of one grouped-GEMM choice on a layer, from which the SM90
+family picks the tiles of a call nobody tuned (host side, no DSL import).
+
+Each GEMM of a choice (gate/up: N = 2I or I, K = H; down: N = H, K = I) is a grid of CTAs, each streaming
+``rows`` weight rows x K of one expert for one token tile; every token tile re-reads its expert's weights.
+With ``tiles`` the expected token tiles of the call (:func:`.tiles.expected_tiles`: uniform routing, the
+expert-parallel hint's expected local routes), ``ctas = N / rows * tiles`` and ``waves = ceil(ctas / S)``::
+
+    t_gemm = a + b * max(W, waves * S * rows * K / 2) / 1e6 + c * waves * TN * rows / 1e3   [us]
+
+``W = tiles * N * K / 2`` is the 4-bit weight bytes streamed with re-reads; the ``max`` charges a partial
+wave as a full one (fewer CTAs than ``S`` slots leave SMs idle); the last term is the epilogue (outputs of a
+wave). ``S``, ``a``, ``b``, ``c`` are fitted per choice and GEMM on the H200 (``scripts/fit_cost_model.py``
+over the ``sweep_tiles.py --kernels`` data of docs/perf/2026-12-01-cost-model; ``S`` scales with the SM
+count). The model predicts the unsplit GEMMs; the family's split-K rule runs after it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+from typing import Iterable, Optional
+
+from . import tiles as tiles_rule
+
+__all__ = ["MODEL_PATH", "model", "gemm_us", "predict_us", "best"]
+
+MODEL_PATH = os.path.join(os.path.dirname(__file__), "cost_model.json")
+#: the SM count the model's slots were fitted at (the H200)
+FIT_SM_COUNT = 132
+
+
+@functools.lru_cache(maxsize=4)
+def model(path: str = MODEL_PATH) -> dict:
+    """The fitted model: ``{"entries": {"<family> <candidate name>": {"tokens_per_tile", "up": {...},
+    "down": {...}}}, ...}`` (each GEMM: ``slots``, ``rows``, ``a``, ``b``, ``c``); empty entries when the
+    file is missing (the families then use their bucket rule)."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {"entries": {}}
+    if not isinstance(data.get("entries"), dict):
+        raise ValueError(f"{path}: 'entries' must be an object")
+    return data
+
+
+def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_SM_COUNT) -> float:
+    """Predicted microseconds of one GEMM (fields of one ``up`` / ``down`` entry) of ``n`` x ``k`` over
+    ``tiles`` expected token tiles of ``tn`` tokens."""
+    rows = g["rows"]
+    slots = max(1, round(g["slots"] * sm_count / FIT_SM_COUNT))
+    ctas = max(1, n // rows) * max(1, math.ceil(tiles - 1e-6))
+    waves = -(-ctas // slots)
+    w = tiles * n * k / 2
+    t = g["a"] + g["b"] * max(w, waves * slots * rows * k / 2) / 1e6 + g["c"] * waves * tn * rows / 1e3
+    return max(0.5, t)
+
+
+def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
+               top_k: Optional[int] = None, global_experts: Optional[int] = None,
+               sm_count: int = FIT_SM_COUNT) -> Optional[float]:
+    """Predicted microseconds of both GEMMs of choice ``name`` (``"<family> <candidate name>"``) on a call,
+    or None when the model has no entry for it."""
+    e = model()["entries"].get(name)
+    if e is None:
+        return None
+    tn = e["tokens_per_tile"]
+    t = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
+    n13 = 2 * intermediate if gated else intermediate
+    return (gemm_us(e["up"], tn, n13, hidden, t, sm_count) + gemm_us(e["down"], tn, hidden, intermediate, t, sm_count))
+
+
+def best(names: Iterable[str], num_routes: int, num_experts: int, hidden: int, intermediate: int,
+         gated: bool = True, top_k: Optional[int] = None, global_experts: Optional[int] = None,
+         sm_count: int = FIT_SM_COUNT) -> Optional[tuple]:
+    """``(name, predicted us)`` of the fastest of ``names`` the model knows, or None when it knows none."""
+    scored = [(predict_us(n, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts, sm_count), n)
+              for n in names]
+    scored = [(t, n) for t, n in scored if t is not None]
+    if not scored:
+        return None
+    t, n = min(scored)
+    return n, t

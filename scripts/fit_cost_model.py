@@ -1,0 +1,115 @@
+"""Fit the grouped path's cost model (:mod:`w4a16_moe.kernels.cute.cost_model`) on ``sweep_tiles.py --kernels``
+data and write its JSON (CPU; no GPU needed).
+
+    python scripts/fit_cost_model.py docs/perf/2026-12-01-cost-model/sweep_*.json \\
+        --out python/w4a16_moe/kernels/cute/cost_model.json [--revision REV] [--date D]
+
+Each unsplit grouped choice of each row gives two observations (its gate/up and its down GEMM's kernel times);
+per choice and GEMM, the slots ``S`` (132, 264, ..., 660 CTAs) and the coefficients ``a, b, c >= 0`` that
+minimise the relative squared error are kept (a coefficient that would come out negative is dropped: the model
+must not go below zero on layers outside the sweep). A choice needs observations on at least
+``--min-rows`` rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+
+import numpy as np
+
+SLOTS = (132, 264, 396, 528, 660)
+
+
+def _rows_per_cta(family: str, tiles: dict) -> tuple:
+    from w4a16_moe.formats.schemes import get_scheme
+    from w4a16_moe.kernels.cute import registry
+
+    fam = registry.get(family)
+    up, down = fam.configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles)
+    return fam.rows_per_cta(up), fam.rows_per_cta(down)
+
+
+def _features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int) -> list:
+    ctas = max(1, n // rows) * max(1, math.ceil(tiles - 1e-6))
+    waves = -(-ctas // slots)
+    w = tiles * n * k / 2
+    return [1.0, max(w, waves * slots * rows * k / 2) / 1e6, waves * tn * rows / 1e3]
+
+
+def _fit(obs: list, rows: int, tn: int) -> dict:
+    best = None
+    y = np.array([o["t"] for o in obs])
+    for slots in SLOTS:
+        x = np.array([_features(rows, tn, o["n"], o["k"], o["tiles"], slots) for o in obs])
+        for keep in ((0, 1, 2), (0, 1), (1, 2), (1,)):
+            xs = x[:, keep] / y[:, None]
+            coef, *_ = np.linalg.lstsq(xs, np.ones_like(y), rcond=None)
+            if (coef < 0).any():
+                continue
+            full = np.zeros(3)
+            full[list(keep)] = coef
+            err = float(np.sqrt(np.mean((x @ full / y - 1.0) ** 2)))
+            if best is None or err < best[0]:
+                best = (err, slots, full)
+    err, slots, c = best
+    return dict(slots=slots, rows=rows, a=round(float(c[0]), 4), b=round(float(c[1]), 6), c=round(float(c[2]), 6),
+                rms_rel=round(err, 4), n=len(obs))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sweeps", nargs="+")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--min-rows", type=int, default=8)
+    ap.add_argument("--revision", default="unknown")
+    ap.add_argument("--date", default="unknown")
+    args = ap.parse_args(argv)
+
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+    from w4a16_moe.kernels.cute.tiles import expected_tiles
+
+    obs: dict = {}
+    devices = set()
+    for path in args.sweeps:
+        with open(path) as f:
+            data = json.load(f)
+        devices.add((data["device"], data["sm_count"]))
+        for r in data["rows"]:
+            e, h, i, k, t = r["E"], r["H"], r["I"], r["top_k"], r["tokens"]
+            g = r.get("E_global", e)
+            for x in r["results"]:
+                ks = [k[1] if isinstance(k, list) else k for k in x.get("kernels") or ()]  # [name, us] or us
+                if "us" not in x or x.get("decode") or not ks or len(ks) < 4 or list(x["splits"]) != [1, 1]:
+                    continue
+                name = f"{x['family']} {candidate_name(x['tiles'])}"
+                tn = x["tiles"]["tokens_per_tile"]
+                tiles = expected_tiles(t * k, e, tn, k, g if g > e else None)
+                ent = obs.setdefault(name, dict(family=x["family"], tiles=x["tiles"], up=[], down=[]))
+                ent["up"].append(dict(t=ks[-3], n=2 * i, k=h, tiles=tiles))
+                ent["down"].append(dict(t=ks[-2], n=h, k=i, tiles=tiles))
+    if len(devices) != 1:
+        raise SystemExit(f"sweeps from more than one device: {sorted(devices)}")
+    (device, sms), = devices
+    entries = {}
+    for name, ent in sorted(obs.items()):
+        if len(ent["up"]) < args.min_rows:
+            continue
+        r_up, r_down = _rows_per_cta(ent["family"], ent["tiles"])
+        tn = ent["tiles"]["tokens_per_tile"]
+        entries[name] = dict(tokens_per_tile=tn, up=_fit(ent["up"], r_up, tn), down=_fit(ent["down"], r_down, tn))
+        print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
+    out = dict(format=1, device=device, sm_count=sms, revision=args.revision, date=args.date,
+               sources=list(args.sweeps), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),
+               entries=entries)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
