@@ -378,9 +378,9 @@ def test_plan_notes_say_where_a_choice_came_from():
     assert provider.plan(_call(2048), H200).note == "tuned row T=2048"  # W1: the tuned table
     assert "tuned bound 128 routes" in provider.plan(_call(4), H200).note
     other = dict(experts=8, hidden=2048, intermediate=1024, scheme="int4_g128", top_k=2)
-    assert provider.plan(_call(2048, **other), H200).note == "rule"
+    assert provider.plan(_call(2048, **other), H200).note.startswith("cost model: ~")
     assert "cost model: re-read 1.00x" in provider.plan(_call(1, **other), H200).note
-    assert provider.plan(_call(4, **other), H200).note == "rule"  # re-read 1.46x: the grouped GEMMs
+    assert provider.plan(_call(4, **other), H200).note.startswith("cost model: ~")  # re-read 1.46x: grouped GEMMs
 
 
 def test_autotune_layer_end_to_end_with_fakes(monkeypatch):

@@ -106,7 +106,7 @@ def test_gpt_oss_plans_on_other_archs_take_the_warp_family(_kernels_anywhere):
 def test_tuned_warp_rows_fall_back_to_the_rule_when_warp_lacks_a_feature(_kernels_anywhere, monkeypatch):
     call = _oss_call(64)
     warp = registry.get("warp")
-    monkeypatch.setattr(fam.DESCRIPTOR, "choose", lambda *a: ("warp", dict(warp_fam.TILES[0][1]), None))
+    monkeypatch.setattr(fam.DESCRIPTOR, "choose", lambda *a, **kw: ("warp", dict(warp_fam.TILES[0][1]), None))
     assert provider.plan(call, H200).family == "warp"  # warp runs biases and swiglu_oai
     provider.clear_plans()
     monkeypatch.setattr(type(warp), "can_implement", lambda self, c: "no biases here")

@@ -75,19 +75,20 @@ def test_tuned_rows_can_name_the_warp_family(monkeypatch):
     for row in fam._tuned_table()[fam.tuned_key(shape[-1], *shape[1:-1], shape[0])]:
         assert plan(row.tokens).family == row.family, row
     assert plan(2048).family == "sm90"
-    other = plan(32, "NVIDIA H100")  # rows are keyed by GPU name: another GPU gets the rule
-    assert other.note == "rule" and other.family == fam.rule_choice(32 * 8, 384)[0]
+    other = plan(32, "NVIDIA H100")  # rows are keyed by GPU name: another GPU gets the rule (the cost model)
+    assert other.note.startswith("cost model: ~")
+    assert other.family == fam.rule_choice(32 * 8, 384, 8, None, "int4_g32", 7168, 256, True, 132)[0]
     # W4A16_MOE_TUNED_TABLE=0: the shipped rows (tiles and the decode bound) are not read; the rule decides
-    tuned_256 = plan(256)
+    tuned_512 = plan(512)
     monkeypatch.setenv("W4A16_MOE_TUNED_TABLE", "0")
     assert fam.decode_bound(shape[-1], *shape[1:-1], shape[0]) is None
     for tokens in (32, 256, 512, 2048):
         p = plan(tokens)
-        family, tiles, _ = fam.rule_choice(tokens * 8, 384, scheme="int4_g32")
-        assert p.note == "rule" and p.family == family and dict(p.tiles) == tiles, p.describe()
-    assert plan(256).tiles != tuned_256.tiles  # the shipped row (warp TN 8) differs from the rule's (TN 16)
+        family, tiles, _ = fam.rule_choice(tokens * 8, 384, 8, None, "int4_g32", 7168, 256, True, 132)
+        assert p.note.startswith("cost model: ~") and p.family == family and dict(p.tiles) == tiles, p.describe()
+    assert plan(512).tiles != tuned_512.tiles  # the shipped row (TN 32, ping-pong down) differs from the model's
     monkeypatch.setenv("W4A16_MOE_TUNED_TABLE", "1")
-    assert plan(256).tiles == tuned_256.tiles and fam.decode_bound(shape[-1], *shape[1:-1], shape[0]) == 128
+    assert plan(512).tiles == tuned_512.tiles and fam.decode_bound(shape[-1], *shape[1:-1], shape[0]) == 128
 
 
 def test_run_kernel_forwards_the_launch_abi(monkeypatch):

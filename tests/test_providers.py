@@ -165,12 +165,13 @@ def test_cute_runs_biases_and_swiglu_oai_on_the_grouped_families(info, bias, act
     d = providers.select_provider(call, "auto", info)
     assert d.provider == "cute", d
     p = d.plan
-    # SM90: routed calls take the rule's family (the warp-MMA tiles in its smallest buckets: 3 tokens x top-2
-    # over 4 experts), masked calls the SM90 tiles; other archs: the warp-MMA family
+    # SM90: routed calls take the family of the rule's choice (the cost model: 3 tokens x top-2 over 4 experts),
+    # masked calls the SM90 tiles; other archs: the warp-MMA family
     if info is SM90:
         from w4a16_moe.kernels.cute.sm90 import family as sm90
 
-        want = "sm90" if masked else sm90.rule_choice(3 * 2, 4)[0]
+        want = "sm90" if masked else sm90.rule_choice(3 * 2, 4, 2, None, call.scheme, call.hidden, call.intermediate,
+                                                      call.activation.gated, info.sms)[0]
     else:
         want = "warp"
     assert p.family == want and not p.decode
