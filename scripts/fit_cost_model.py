@@ -14,9 +14,7 @@ must not go below zero on layers outside the sweep). A choice needs observations
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
-import math
 import sys
 
 import numpy as np
@@ -33,18 +31,13 @@ def _rows_per_cta(family: str, tiles: dict) -> tuple:
     return fam.rows_per_cta(up), fam.rows_per_cta(down)
 
 
-def _features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int) -> list:
-    ctas = max(1, n // rows) * max(1, math.ceil(tiles - 1e-6))
-    waves = -(-ctas // slots)
-    w = tiles * n * k / 2
-    return [1.0, max(w, waves * slots * rows * k / 2) / 1e6, waves * tn * rows / 1e3]
-
-
 def _fit(obs: list, rows: int, tn: int) -> dict:
+    from w4a16_moe.kernels.cute.cost_model import features
+
     best = None
     y = np.array([o["t"] for o in obs])
     for slots in SLOTS:
-        x = np.array([_features(rows, tn, o["n"], o["k"], o["tiles"], slots) for o in obs])
+        x = np.array([features(rows, tn, o["n"], o["k"], o["tiles"], slots) for o in obs])
         for keep in ((0, 1, 2), (0, 1), (1, 2), (1,)):
             xs = x[:, keep] / y[:, None]
             coef, *_ = np.linalg.lstsq(xs, np.ones_like(y), rcond=None)

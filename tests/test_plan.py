@@ -75,14 +75,21 @@ def _untuned(p) -> bool:
     return p.note == "rule" or p.note.startswith("cost model")
 
 
-def _row_splits(r):
-    """The split-K parts the governing tuned row fixes (an int), or None (the split rule decides)."""
+def _governing_row(r) -> tuple:
+    """``(key, row)``: the tuned-table key of recorded call ``r``'s layer and the row governing its token count
+    (largest measured count <= tokens, else the first), row None where the layer has none."""
     L = REC["layers"][r["layer"]]
     key = fam.tuned_key(L["gpu"], L["e"], L["h"], L["i"], L["scheme"], L["dt"], L["k"])
     best = None
     for row in fam._tuned_table().get(key) or ():
         if row.tokens <= r["tokens"] or best is None:
             best = row
+    return key, best
+
+
+def _row_splits(r):
+    """The split-K parts the governing tuned row fixes (an int), or None (the split rule decides)."""
+    _, best = _governing_row(r)
     return None if best is None else best.splits
 
 
@@ -93,12 +100,7 @@ ADDED = {(fam.tuned_key("NVIDIA H200", 384, 7168, 256, "int4_g32", "bf16", 8), 5
 
 def _added_row(r):
     """The tuned row governing recorded call ``r`` when it is one of :data:`ADDED`, else None."""
-    L = REC["layers"][r["layer"]]
-    key = fam.tuned_key(L["gpu"], L["e"], L["h"], L["i"], L["scheme"], L["dt"], L["k"])
-    best = None
-    for row in fam._tuned_table().get(key) or ():
-        if row.tokens <= r["tokens"] or best is None:
-            best = row
+    key, best = _governing_row(r)
     return best if best is not None and (key, best.tokens) in ADDED else None
 
 

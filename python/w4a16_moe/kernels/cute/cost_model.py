@@ -25,7 +25,7 @@ from typing import Iterable, Optional
 
 from . import tiles as tiles_rule
 
-__all__ = ["MODEL_PATH", "model", "gemm_us", "predict_us", "best"]
+__all__ = ["MODEL_PATH", "model", "features", "gemm_us", "predict_us", "best"]
 
 MODEL_PATH = os.path.join(os.path.dirname(__file__), "cost_model.json")
 #: the SM count the model's slots were fitted at (the H200)
@@ -47,16 +47,21 @@ def model(path: str = MODEL_PATH) -> dict:
     return data
 
 
-def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_SM_COUNT) -> float:
-    """Predicted microseconds of one GEMM (fields of one ``up`` / ``down`` entry) of ``n`` x ``k`` over
-    ``tiles`` expected token tiles of ``tn`` tokens."""
-    rows = g["rows"]
-    slots = max(1, round(g["slots"] * sm_count / FIT_SM_COUNT))
+def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int) -> tuple:
+    """The model's terms ``(1, max(W, waves * S * rows * K / 2) / 1e6, waves * TN * rows / 1e3)`` of one GEMM of
+    ``n`` x ``k`` over ``tiles`` expected token tiles of ``tn`` tokens, ``rows`` weight rows per CTA and ``slots``
+    CTAs per wave (what :func:`gemm_us` weighs with ``a, b, c`` and ``scripts/fit_cost_model.py`` fits)."""
     ctas = max(1, n // rows) * max(1, math.ceil(tiles - 1e-6))
     waves = -(-ctas // slots)
     w = tiles * n * k / 2
-    t = g["a"] + g["b"] * max(w, waves * slots * rows * k / 2) / 1e6 + g["c"] * waves * tn * rows / 1e3
-    return max(0.5, t)
+    return 1.0, max(w, waves * slots * rows * k / 2) / 1e6, waves * tn * rows / 1e3
+
+
+def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_SM_COUNT) -> float:
+    """Predicted microseconds of one GEMM (fields of one ``up`` / ``down`` entry) of ``n`` x ``k`` over
+    ``tiles`` expected token tiles of ``tn`` tokens."""
+    one, wbytes, epi = features(g["rows"], tn, n, k, tiles, max(1, round(g["slots"] * sm_count / FIT_SM_COUNT)))
+    return max(0.5, g["a"] * one + g["b"] * wbytes + g["c"] * epi)
 
 
 def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
