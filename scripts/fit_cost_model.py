@@ -8,7 +8,9 @@ Each unsplit grouped choice of each row gives two observations (its gate/up and 
 per choice and GEMM, the slots ``S`` (132, 264, ..., 660 CTAs) and the coefficients ``a, b, c >= 0`` that
 minimise the relative squared error are kept (a coefficient that would come out negative is dropped: the model
 must not go below zero on layers outside the sweep). A choice needs observations on at least
-``--min-rows`` rows.
+``--min-rows`` rows; rows outside the layers the family lets the model choose it for
+(``sm90.family.in_model_domain``: the ping-pong down GEMMs only where their activation tile stays resident) are
+not used.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--date", default="unknown")
     args = ap.parse_args(argv)
 
+    from w4a16_moe.kernels.cute.sm90.family import in_model_domain
     from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
     from w4a16_moe.kernels.cute.tiles import expected_tiles
 
@@ -77,6 +80,8 @@ def main(argv=None) -> int:
             for x in r["results"]:
                 ks = [k[1] if isinstance(k, list) else k for k in x.get("kernels") or ()]  # [name, us] or us
                 if "us" not in x or x.get("decode") or not ks or len(ks) < 4 or list(x["splits"]) != [1, 1]:
+                    continue
+                if not in_model_domain(x["tiles"], i):  # outside the domain the family lets the model choose it
                     continue
                 name = f"{x['family']} {candidate_name(x['tiles'])}"
                 tn = x["tiles"]["tokens_per_tile"]

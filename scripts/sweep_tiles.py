@@ -2,6 +2,7 @@
 
     python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
         [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500] [--kernels]
+        [--splits rule,1]
 
 For each layer (``E,H,I,TOPK[,E_GLOBAL]``: uniform routing over the E local experts, or with ``E_GLOBAL > E``
 over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-parallel rank, its calls carrying the
@@ -9,7 +10,8 @@ over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-paral
 autotuner (:mod:`w4a16_moe.kernels.cute.autotune`: first call checked against the FP32 reference, then CUDA
 graph replays), every candidate of ``autotune.candidates`` whose kernels the loader has (prebuilt or cached):
 the rule's buckets and the tuned table's tiles of the SM90 family, the warp family's tiles, each with the
-split-K rule and 1, 2, 4, 8, and the decode path where it applies. It writes every time, not only the
+split-K rule and 1, 2, 4, 8 (``--splits``: fewer; the default choice is always timed), and the decode path where
+it applies. It writes every time, not only the
 fastest, with the selection's default choice marked, so a rule or cost model can be fitted and checked
 against all of it. ``--kernels`` adds each choice's kernels apart (route preparation, gate/up GEMM, down GEMM,
 finalize: name and median us of five eager calls under ``torch.profiler``), so each GEMM can be modelled alone. Kernels are never compiled here (``W4A16_MOE_DISABLE_JIT=1`` on the GPU machine).
@@ -45,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--finalize", default="deterministic")
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rows after this long")
+    ap.add_argument("--splits", default="rule,1,2,4,8",
+                    help="split-K choices of the grouped tiles to time: 'rule' and / or counts (default all)")
     ap.add_argument("--kernels", action="store_true",
                     help="also record each choice's kernels apart (torch.profiler, eager calls, launch order)")
     args = ap.parse_args(argv)
@@ -61,6 +65,12 @@ def main(argv=None) -> int:
     from w4a16_moe.reference import reference_moe
     from w4a16_moe.validate import MoECall
 
+    try:
+        splits = {None if v.strip() == "rule" else int(v) for v in args.splits.split(",") if v.strip()}
+    except ValueError:
+        raise SystemExit(f"--splits: expected 'rule' and / or positive counts separated by commas, got {args.splits!r}")
+    if not splits or any(v is not None and v < 1 for v in splits):
+        raise SystemExit(f"--splits: expected 'rule' and / or positive counts separated by commas, got {args.splits!r}")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     act = get_activation(args.activation)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -80,7 +90,7 @@ def main(argv=None) -> int:
                 break
             call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name, global_experts=g)
             default = at._default_choice(call, info)
-            cands = at.candidates(call, info, memo=memo)
+            cands = [c for c in at.candidates(call, info, memo=memo) if c.decode or c.splits in splits or c == default]
             x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t, global_experts=g)
             ref = reference_moe(x, weights, tw, ids, activation=act.name)
             res = []

@@ -20,9 +20,14 @@ from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STUDY = os.path.join(ROOT, "docs", "perf", "2026-12-01-cost-model")
-FIT = ["sweep_int4_g128.json", "sweep_int4_g32.json", "sweep_int4_g32_short_k.json"]
-HELD = [os.path.join(STUDY, "heldout_int4_g128.json"), os.path.join(ROOT, "docs", "perf", "2026-12-01-selection", "sweep.json")]
+PERF = os.path.join("docs", "perf")
+#: the sweeps the shipped model is fitted on (paths relative to the checkout, as the model's "sources" name them)
+FIT = [os.path.join(PERF, "2026-12-01-epilogue-t24", f) for f in ("sweep_int4_g128.json", "sweep_int4_g128_short_k.json")]
+#: sweeps the model never saw: at the fit's revision, and two at earlier revisions (their kernels' down GEMMs
+#: loaded route ids in the store loop, docs/perf/2026-12-01-epilogue-t24)
+HELD = [os.path.join(ROOT, PERF, "2026-12-01-epilogue-t24", "heldout_int4_g128.json"),
+        os.path.join(ROOT, PERF, "2026-12-01-cost-model", "heldout_int4_g128.json"),
+        os.path.join(ROOT, PERF, "2026-12-01-selection", "sweep.json")]
 
 
 def _rows(path):
@@ -68,6 +73,35 @@ def test_the_model_chooses_among_the_rule_tiles_and_falls_back_without_sizes():
     assert fam.rule_choice(4096, 64)[1] == fam.select_tiles(4096, 64)
 
 
+def test_the_warp_model_tiles_are_int4_candidates_beside_the_buckets():
+    from w4a16_moe.kernels.cute import autotune_store
+    from w4a16_moe.kernels.cute.warp import family as warp
+
+    buckets = [t for _, t in warp.TILES]
+    (t24,) = warp.MODEL_TILES
+    assert t24 not in buckets and t24["tokens_per_tile"] == 24
+    assert warp.model_tiles("int4_g128") == buckets + [t24] and warp.model_tiles("mxfp4") == buckets
+    # the bucket rule (the warp family as the base family: sm_80 .. sm_120) never picks it
+    assert all(warp.select_tiles(r * 64, 64) in buckets for r in (1, 12, 20, 24, 28, 200))
+    assert ("warp", t24) in [(f, dict(t)) for f, t in fam.model_candidates()]
+    assert autotune_store.candidate_tiles("warp")[candidate_name(t24)] == t24
+    full = warp.aot_variants("full")
+    t24_specs = [s for s in full if dict(s.params)["tokens_per_tile"] == 24]
+    assert t24_specs and all(dict(s.params)["kind"] == "int4" for s in t24_specs)
+
+
+def test_the_ping_pong_down_tiles_are_chosen_only_where_their_activation_tile_stays_resident():
+    pp = [t for t in fam.MODEL_TILES if t.get("down_row_blocks_per_cta", 1) > 1]
+    assert pp  # BK 128, 2 B slots: K (= I) <= 256
+    for t in pp:
+        assert fam.in_model_domain(t, 256) and fam.in_model_domain(t, 200)
+        assert not fam.in_model_domain(t, 384) and not fam.in_model_domain(t, 2048)
+    assert all(fam.in_model_domain(t, 14336) for _, t in fam.TILES)
+    for tokens in (256, 1024, 2048, 4096):  # never on a layer outside the domain, whatever the batch
+        got = fam.model_choice(tokens * 8, 128, 4096, 384, True, 8)
+        assert got is not None and got[1] not in pp
+
+
 def test_a_missing_model_falls_back_to_the_rule(monkeypatch, tmp_path):
     monkeypatch.setattr(cost_model, "MODEL_PATH", str(tmp_path / "none.json"))
     cost_model.model.cache_clear()
@@ -84,7 +118,7 @@ def _choice_time(times, family, tiles_):
     return min(vals) if vals else None
 
 
-@pytest.mark.parametrize("path", HELD, ids=[os.path.basename(p) for p in HELD])
+@pytest.mark.parametrize("path", HELD, ids=[os.path.relpath(p, os.path.join(ROOT, PERF)) for p in HELD])
 def test_the_model_is_close_to_the_fastest_choice_on_held_out_layers(path):
     ratios = []
     for e, h, i, k, t, g, times in _rows(path):
@@ -93,9 +127,10 @@ def test_the_model_is_close_to_the_fastest_choice_on_held_out_layers(path):
         if got is None:  # a tile that sweep did not time (the model tiles were not prebuilt then)
             continue
         ratios.append(got / min(times.values()))
-    assert len(ratios) >= 30
+    assert len(ratios) >= 25  # rows whose choice that sweep did not time are left out (3 of the first sweep's 30)
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    # measured: 1.006 (heldout_int4_g128, 40 rows) and 1.008 (the first sweep's 30 rows); worst 1.10 / 1.14
+    # measured: 1.005 / 1.005 / 1.009 (the fit's revision, 32 rows; the cost-model study's 36; the first sweep's
+    # 27); worst 1.11 / 1.10 / 1.14
     assert geo <= 1.02 and max(ratios) <= 1.16, (geo, max(ratios))
 
 
@@ -103,7 +138,7 @@ def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path):
     out = tmp_path / "model.json"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fit_cost_model.py"),
-                    *[os.path.join("docs", "perf", "2026-12-01-cost-model", f) for f in FIT], "--out", str(out)],
+                    *FIT, "--out", str(out)],
                    check=True, cwd=ROOT, env=env, capture_output=True)
     got, shipped = json.load(open(out))["entries"], cost_model.model()["entries"]
     assert set(got) == set(shipped)

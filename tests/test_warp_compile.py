@@ -1,6 +1,6 @@
 """Cross-compile and export the warp-MMA family for every arch it lists (CPU only; needs the CuTe DSL).
 
-Per arch: a few variants (INT4 decode gate_up, zero-point down with FP32 atomics, FP4 down) are compiled
+Per arch: a few variants (INT4 decode gate_up, zero-point down with FP32 atomics, FP4 down, the TN 24 down) are compiled
 with ``cute.compile(--gpu-arch ...)``, exported with ``export_to_c`` and their embedded cubins checked: SASS
 for the right arch, ``HMMA`` present, no local memory (``LDL``/``STL``), registers reported. sm_90a and
 sm_100a go through the loader's own build step (the family registry, the export and the header parse).
@@ -31,7 +31,10 @@ def _variants() -> list:
     up, _ = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "deterministic", t8)
     _, down_zp = fam.gemm_configs(get_scheme("int4_g128_zp"), "fp16", "relu2", False, "fused", t32)
     _, down_fp4 = fam.gemm_configs(get_scheme("nvfp4"), "bf16", "swiglu", True, "deterministic", t8)
-    return [up, down_zp, down_fp4]
+    # the cost model's TN 24 tile (not a bucket) with the y epilogue (route ids loaded before the stores)
+    _, down_t24 = fam.gemm_configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic",
+                                   fam.MODEL_TILES[0])
+    return [up, down_zp, down_fp4, down_t24]
 
 
 def _cuobjdump() -> Path | None:

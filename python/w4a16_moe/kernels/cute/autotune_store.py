@@ -141,7 +141,7 @@ def candidate_tiles(family: str) -> dict:
     if family == "sm90":
         return sm90.CANDIDATES_BY_NAME
     if family == "warp":
-        return {candidate_name(t): t for _, t in warp.TILES}
+        return {candidate_name(t): t for t in warp.model_tiles()}
     return {}
 
 

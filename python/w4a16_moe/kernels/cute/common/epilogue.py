@@ -214,10 +214,23 @@ def finish_store(shape: cutlass.Constexpr, tid, stg_addr, ws_base, num_splits, c
     TN, nthr = shape.tokens, shape.threads
     cols_out = shape.cols_out
     vpo = cols_out // 8
+    n_items = (TN * vpo + nthr - 1) // nthr
     out_base = out.toint()
     r_a = cute.make_rmem_tensor((8,), Float32)
     r_b = cute.make_rmem_tensor((8,), Float32)
-    for it in cutlass.range_constexpr((TN * vpo + nthr - 1) // nthr):
+    # y / atomic_f32: every item's route id (and routing weight) loaded up front, all in flight at once; in the
+    # store loop each load would wait behind the previous item's stores (one L2 round trip per item)
+    routes = cute.make_rmem_tensor((n_items,), Int32)
+    weights = cute.make_rmem_tensor((n_items,), Float32)
+    if const_expr(shape.epi != "h"):
+        for it in cutlass.range_constexpr(n_items):
+            i_c = cutlass.min((tid + it * nthr) // vpo, count - 1)  # in bounds; rows >= count store nothing
+            routes[it] = g_routes[slot0 + i_c]
+        if const_expr(shape.epi == "atomic_f32"):
+            g_tw = cute.make_tensor(topk_weights, cute.make_layout(num_routes))
+            for it in cutlass.range_constexpr(n_items):
+                weights[it] = g_tw[routes[it]]
+    for it in cutlass.range_constexpr(n_items):
         idx = tid + it * nthr
         i = idx // vpo
         vv = idx % vpo
@@ -240,13 +253,11 @@ def finish_store(shape: cutlass.Constexpr, tid, stg_addr, ws_base, num_splits, c
                 off = Int64(slot) * Int64(ldo) + Int64(nb * cols_out + vv * 8)
                 store8(out_base + off * 2, vals, shape.is_bf16)
             elif const_expr(shape.epi == "y"):
-                route = g_routes[slot]
-                off = Int64(route) * Int64(n) + Int64(nb * cols_out + vv * 8)
+                off = Int64(routes[it]) * Int64(n) + Int64(nb * cols_out + vv * 8)
                 store8(out_base + off * 2, vals, shape.is_bf16)
             else:  # atomic_f32
-                route = g_routes[slot]
-                tok = route // top_k
-                twt = cute.make_tensor(topk_weights, cute.make_layout(num_routes))[route]
+                tok = routes[it] // top_k
+                twt = weights[it]
                 addr = out_base + (Int64(tok) * Int64(n) + Int64(nb * cols_out + vv * 8)) * 4
                 if const_expr(shape.vec_red):
                     ptx.red_add_v4_f32(addr, vals[0] * twt, vals[1] * twt, vals[2] * twt, vals[3] * twt)

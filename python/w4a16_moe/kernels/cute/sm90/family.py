@@ -277,10 +277,10 @@ def candidate(name_or_index) -> dict:
 @functools.lru_cache(maxsize=None)
 def _table(path: str = TUNED_PATH) -> tuned.TunedTable:
     """The tuned table, read and checked once (an unknown candidate name raises, naming the row)."""
-    from ..warp.family import TILES as WARP_TILES
+    from ..warp.family import model_tiles
 
     return tuned.load(path, {"sm90": CANDIDATES_BY_NAME,
-                             "warp": {tuned.candidate_name(t): t for _, t in WARP_TILES}})
+                             "warp": {tuned.candidate_name(t): t for t in model_tiles()}})
 
 
 def _tuned_table(path: str = TUNED_PATH) -> dict:
@@ -401,24 +401,38 @@ assert all(t in CANDIDATES for t in MODEL_TILES), "every model tile must be a ca
 
 def model_candidates() -> list:
     """``[(family, tiles)]`` the cost model chooses among: the tiles of :data:`TILES` and :data:`MODEL_TILES`
-    and, when the warp family may be chosen (``W4A16_MOE_CUTE_FAMILY=auto``), the warp family's ``TILES``:
-    shapes whose kernels every INT4 scheme, dtype and activation has in the full AOT set."""
+    and, when the warp family may be chosen (``W4A16_MOE_CUTE_FAMILY=auto``), the warp family's ``TILES`` and
+    ``MODEL_TILES``: shapes whose kernels every INT4 scheme, dtype and activation has in the full AOT set."""
     out = [("sm90", dict(t)) for _, t in TILES] + [("sm90", dict(t)) for t in MODEL_TILES]
     if settings.get().cute_family == "auto":
         from ..warp import family as warp
 
-        out += [("warp", dict(t)) for _, t in warp.TILES]
+        out += [("warp", t) for t in warp.model_tiles()]
     return out
+
+
+def in_model_domain(tiles: dict, intermediate: int) -> bool:
+    """Whether the cost model may choose ``tiles`` for a layer of ``intermediate`` (the down GEMM's K). A down
+    GEMM of several row blocks per CTA (the ping-pong tiles) keeps its activation tile resident only while its
+    ``ceil(I / BK)`` K tiles fit its B slots; past that it re-gathers the tile with every stage, where it measured
+    slow and where its model entry is not fitted (``scripts/fit_cost_model.py`` skips those rows)."""
+    if tiles.get("down_row_blocks_per_cta", tiles.get("row_blocks_per_cta", 1)) <= 1:
+        return True
+    bk = tiles.get("down_k_tile", tiles.get("k_tile", 128))
+    slots = tiles.get("down_b_slots", tiles.get("b_slots", 0)) or tiles.get("down_stages", tiles.get("stages", 4))
+    return -(-intermediate // bk) <= slots
 
 
 def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
                  top_k: Optional[int] = None, global_experts: Optional[int] = None,
                  sm_count: int = DEFAULT_SM_COUNT) -> Optional[tuple]:
     """``(family, tiles, predicted us)`` of the cost model's (:mod:`..cost_model`) fastest
-    :func:`model_candidates` choice for a call, or None when the model knows none of them."""
+    :func:`model_candidates` choice for a call (of those :func:`in_model_domain`), or None when the model knows
+    none of them."""
     from .. import cost_model
 
-    by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()}
+    by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
+               if in_model_domain(t, intermediate)}
     got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
                           sm_count)
     if got is None:

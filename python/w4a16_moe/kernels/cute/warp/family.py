@@ -32,7 +32,7 @@ from ....archs import ARCHS as ALL_ARCHS, DEFAULT_SM_COUNT
 from .. import tiles as tiles_rule
 from ....loader.spec import KernelSpec, config_codec
 
-__all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "spec_for", "config_from_spec", "select_tiles",
+__all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "MODEL_TILES", "model_tiles", "spec_for", "config_from_spec", "select_tiles",
            "gemm_configs", "num_splits", "variants", "aot_variants", "kernel_config", "group_param"]
 
 FAMILY = "warp_w4a16_gemm"
@@ -52,6 +52,27 @@ TILES = (
     (32, dict(tokens_per_tile=32, k_tile=128, **_BASE)),
     (None, dict(tokens_per_tile=64, k_tile=64, **_BASE)),
 )
+#: tile shapes beyond the buckets of :data:`TILES` that only the SM90 family's cost model chooses, for INT4 calls
+#: (:func:`model_tiles`; the full AOT set has them for every INT4 scheme): TN 24 sits between the 16 and 32
+#: buckets, where experts get ~14-20 routes (one token tile each at TN 24, where TN 16 needs a second tile and
+#: TN 32 pads a third of its MMA columns). H200, docs/perf/2026-12-01-epilogue-t24: 128,4096,384,8 at 256
+#: tokens 161.3 (TN 16) / 159.9 (TN 32) -> 141.0 us; 128,5120,1024,1 at 2048 tokens 422.4 (SM90 TN 32) -> 401.5
+MODEL_TILES = (dict(tokens_per_tile=24, k_tile=128, **_BASE),)
+
+
+def model_tiles(scheme=None) -> list:
+    """The tile shapes of this family a call of ``scheme`` (None: INT4) may run: the buckets of :data:`TILES`,
+    and for INT4 schemes :data:`MODEL_TILES`."""
+    out = [dict(t) for _, t in TILES]
+    if scheme is None or not _is_fp4(scheme):
+        out += [dict(t) for t in MODEL_TILES]
+    return out
+
+
+def _is_fp4(scheme) -> bool:
+    from ....formats.schemes import get_scheme
+
+    return get_scheme(scheme).is_fp4 if isinstance(scheme, str) else scheme.is_fp4
 
 
 def _compile(spec: KernelSpec, arch: str):
@@ -128,11 +149,10 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 
     if schemes is None:
         schemes = list(SCHEMES.values())
-    tiles = list(tiles) if tiles is not None else [t for _, t in TILES]
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:
-            for t in tiles:
+            for t in (list(tiles) if tiles is not None else model_tiles(sch)):
                 for act in activations:
                     for fin in finalizes:
                         for bias in biases:
