@@ -11,7 +11,7 @@ expert-parallel hint's expected local routes), ``ctas = N / rows * tiles`` and `
 ``W = tiles * N * K / 2`` is the 4-bit weight bytes streamed with re-reads; the ``max`` charges a partial
 wave as a full one (fewer CTAs than ``S`` slots leave SMs idle); the last term is the epilogue (outputs of a
 wave). ``S``, ``a``, ``b``, ``c`` are fitted per choice and GEMM on the H200 (``scripts/fit_cost_model.py``
-over the ``sweep_tiles.py --kernels`` data of docs/perf/2026-12-01-cost-model; ``S`` scales with the SM
+over the ``sweep_tiles.py --kernels`` data of docs/perf/2026-12-01-epilogue-t24; ``S`` scales with the SM
 count). The model predicts the unsplit GEMMs; the family's split-K rule runs after it.
 """
 

@@ -8,7 +8,8 @@ Tile selection uses only host-known sizes (``T * k``, ``E``, ``H``, ``I``, the e
 call never synchronizes, and one compiled kernel per tile shape serves every token count. A call no tuned row
 covers gets, for INT4 schemes, the **cost model**'s fastest of the rule tiles below and the warp family's tiles
 (:func:`model_choice`, :mod:`..cost_model`: bytes streamed with each token tile's re-read, CTAs in waves,
-epilogue, per tile shape and GEMM, fitted on an H200 sweep of 13 layer shapes; docs/perf/2026-12-01-cost-model).
+epilogue, per tile shape and GEMM, fitted on an H200 sweep of 10 layer shapes; docs/perf/2026-12-01-cost-model and
+2026-12-01-epilogue-t24; the ping-pong down tiles only where their activation tile stays resident, :func:`in_model_domain`).
 FP4 calls, calls without the layer's sizes (masked layout) and a missing model use the routes-per-expert
 rule (:func:`select_tiles`):
 
