@@ -18,7 +18,8 @@ r > 32                 64    4      2       64   4       (bonus; WGMMA is expect
 =====================  ====  =====  ======  ===  ======  =============================================
 
 ``r = cdiv(T * k, min(E, T * k))``, or with the ``global_num_experts`` hint the expected local routes over the
-expected distinct local experts hit (:func:`..tiles.routes_per_expert`). Every bucket has 128 weight rows per CTA (128 threads) and needs at most
+expected distinct local experts hit (:func:`..tiles.routes_per_expert`). On SM90 the SM90 family's cost model
+chooses among these buckets and :data:`MODEL_TILES` (TN 24) for INT4 calls; this rule serves the other archs. Every bucket has 128 weight rows per CTA (128 threads) and needs at most
 ~75 KB of shared memory, so the same variants run on sm_86/89/120 (99 KB) as on sm_80/90/100.
 This module imports neither ``cutlass`` nor the kernel module (run-time selection must not need the DSL).
 """
