@@ -79,8 +79,8 @@ def test_deepseek_ep8_rules_with_the_hint():
     cases = {  # tokens: (without, with the hint) on a GPU without tuned rows
         4: (("warp", 8), ("decode", None)),  # ~4 local routes on ~3.8 experts: re-read 1.05x
         8: (("warp", 8), ("warp", 8)),  # ~8 local routes on ~7.2 experts: re-read 1.11x
-        64: (("sm90", 32), ("warp", 8)),  # 512 routes on 32 experts; ~64 local routes on ~28 experts
-        512: (("sm90", 80), ("sm90", 32)),  # 512 local routes on 32 experts
+        64: (("warp", 24), ("warp", 8)),  # 512 routes on 32 experts (16 each: TN 24); ~64 local routes on ~28
+        512: (("sm90", 80), ("warp", 24)),  # 512 local routes on 32 experts
         2048: (("sm90", 96), ("sm90", 80)),
     }
     for t, want in cases.items():

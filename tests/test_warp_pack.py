@@ -337,11 +337,13 @@ def test_config_names_unique_and_complete():
 
 def test_variant_sets():
     smoke = fam.aot_variants("smoke")
-    assert len(smoke) == 2 * len(fam.TILES) * 3  # 2 schemes x buckets x (gate_up, down y, down atomic)
+    # 2 INT4 schemes x (buckets + the cost model's TN 24 tile) x (gate_up, down y, down atomic)
+    assert len(smoke) == 2 * (len(fam.TILES) + len(fam.MODEL_TILES)) * 3
     full = fam.aot_variants("full")
     assert set(smoke) <= set(full)
     kinds = {fam.config_from_spec(s).kind for s in full}
     assert kinds == {"int4", "nvfp4", "mxfp4"}
+    assert {fam.config_from_spec(s).kind for s in full if fam.config_from_spec(s).tokens_per_tile == 24} == {"int4"}
     with pytest.raises(ValueError):
         fam.aot_variants("nope")
 

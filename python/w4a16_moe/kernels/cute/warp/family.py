@@ -167,7 +167,8 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 
 def aot_variants(subset: str) -> list:
     """Specs of an AOT subset: ``"smoke"`` (int4_g32 + int4_g128, BF16, SwiGLU, both finalize modes, every
-    bucket: 16 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation, finalize, bucket,
+    bucket and :data:`MODEL_TILES`: 30 kernels) or ``"full"`` (every scheme incl. NVFP4/MXFP4, dtype, activation,
+    finalize, bucket, the INT4 schemes' :data:`MODEL_TILES`,
     plus the gpt-oss experts' kernels: the SM90 family's :data:`~..sm90.family.GPT_OSS` set on every bucket)."""
     from ....formats.schemes import get_scheme
     from ..sm90.family import GPT_OSS
