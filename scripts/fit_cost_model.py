@@ -81,7 +81,7 @@ def main(argv=None) -> int:
                 ks = [k[1] if isinstance(k, list) else k for k in x.get("kernels") or ()]  # [name, us] or us
                 if "us" not in x or x.get("decode") or not ks or len(ks) < 4 or list(x["splits"]) != [1, 1]:
                     continue
-                if not in_model_domain(x["tiles"], i):  # outside the domain the family lets the model choose it
+                if not in_model_domain(x["family"], x["tiles"], i):  # outside the domain the family lets the model choose it
                     continue
                 name = f"{x['family']} {candidate_name(x['tiles'])}"
                 tn = x["tiles"]["tokens_per_tile"]

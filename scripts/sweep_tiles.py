@@ -65,12 +65,10 @@ def main(argv=None) -> int:
     from w4a16_moe.reference import reference_moe
     from w4a16_moe.validate import MoECall
 
-    try:
-        splits = {None if v.strip() == "rule" else int(v) for v in args.splits.split(",") if v.strip()}
-    except ValueError:
+    words = [v.strip() for v in args.splits.split(",") if v.strip()]
+    if not words or not all(v == "rule" or (v.isdigit() and int(v) >= 1) for v in words):
         raise SystemExit(f"--splits: expected 'rule' and / or positive counts separated by commas, got {args.splits!r}")
-    if not splits or any(v is not None and v < 1 for v in splits):
-        raise SystemExit(f"--splits: expected 'rule' and / or positive counts separated by commas, got {args.splits!r}")
+    splits = {None if v == "rule" else int(v) for v in words}
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     act = get_activation(args.activation)
     tokens = [int(t) for t in args.tokens.split(",")]

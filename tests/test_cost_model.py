@@ -94,9 +94,9 @@ def test_the_ping_pong_down_tiles_are_chosen_only_where_their_activation_tile_st
     pp = [t for t in fam.MODEL_TILES if t.get("down_row_blocks_per_cta", 1) > 1]
     assert pp  # BK 128, 2 B slots: K (= I) <= 256
     for t in pp:
-        assert fam.in_model_domain(t, 256) and fam.in_model_domain(t, 200)
-        assert not fam.in_model_domain(t, 384) and not fam.in_model_domain(t, 2048)
-    assert all(fam.in_model_domain(t, 14336) for _, t in fam.TILES)
+        assert fam.in_model_domain("sm90", t, 256) and fam.in_model_domain("sm90", t, 200)
+        assert not fam.in_model_domain("sm90", t, 384) and not fam.in_model_domain("sm90", t, 2048)
+    assert all(fam.in_model_domain(f, t, 14336) for f, t in fam.model_candidates() if t not in pp)
     for tokens in (256, 1024, 2048, 4096):  # never on a layer outside the domain, whatever the batch
         got = fam.model_choice(tokens * 8, 128, 4096, 384, True, 8)
         assert got is not None and got[1] not in pp

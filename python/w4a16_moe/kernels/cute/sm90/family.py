@@ -251,13 +251,19 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
 @functools.lru_cache(maxsize=4096)
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = {k: v for k, v in tiles_items if not k.startswith("down_")}
-    down_tiles = dict(tiles, **{k[5:]: v for k, v in tiles_items if k.startswith("down_")})
+    down_tiles = _down_tiles(tiles_items)
     base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
     up = kernel_config(mode="gate_up", activation=activation, bias=bias, **base, **tiles)
     det = finalize == "deterministic"
     down = kernel_config(mode="down", epilogue="y" if det else "atomic_f32", bias=bias and det, **base,
                          **down_tiles)
     return up, down
+
+
+def _down_tiles(tiles_items) -> dict:
+    """The down GEMM's tile fields of a choice: its fields, with each ``down_<field>`` in place of ``<field>``."""
+    tiles = {k: v for k, v in tiles_items if not k.startswith("down_")}
+    return dict(tiles, **{k[5:]: v for k, v in tiles_items if k.startswith("down_")})
 
 
 #: the tuner's / profiler's / GPU tests' override of the choice (:func:`.overrides.forced`)
@@ -412,16 +418,18 @@ def model_candidates() -> list:
     return out
 
 
-def in_model_domain(tiles: dict, intermediate: int) -> bool:
-    """Whether the cost model may choose ``tiles`` for a layer of ``intermediate`` (the down GEMM's K). A down
-    GEMM of several row blocks per CTA (the ping-pong tiles) keeps its activation tile resident only while its
-    ``ceil(I / BK)`` K tiles fit its B slots; past that it re-gathers the tile with every stage, where it measured
-    slow and where its model entry is not fitted (``scripts/fit_cost_model.py`` skips those rows)."""
-    if tiles.get("down_row_blocks_per_cta", tiles.get("row_blocks_per_cta", 1)) <= 1:
+def in_model_domain(family: str, tiles: dict, intermediate: int) -> bool:
+    """Whether the cost model may choose ``family``'s ``tiles`` for a layer of ``intermediate`` (the down GEMM's
+    K). An SM90 down GEMM of several row blocks per CTA (the ping-pong tiles) keeps its activation tile resident
+    only while its ``ceil(I / BK)`` K tiles fit its B slots; past that it re-gathers the tile with every stage,
+    where it measured slow and where its model entry is not fitted (``scripts/fit_cost_model.py`` skips those
+    rows). Every other choice is in the domain."""
+    if family != "sm90":
         return True
-    bk = tiles.get("down_k_tile", tiles.get("k_tile", 128))
-    slots = tiles.get("down_b_slots", tiles.get("b_slots", 0)) or tiles.get("down_stages", tiles.get("stages", 4))
-    return -(-intermediate // bk) <= slots
+    down = kernel_config(mode="down", **_down_tiles(tiles.items()))
+    if down.row_blocks_per_cta <= 1:
+        return True
+    return -(-intermediate // down.k_tile) <= (down.b_slots or down.stages)
 
 
 def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
@@ -433,7 +441,7 @@ def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: i
     from .. import cost_model
 
     by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
-               if in_model_domain(t, intermediate)}
+               if in_model_domain(f, t, intermediate)}
     got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
                           sm_count)
     if got is None:

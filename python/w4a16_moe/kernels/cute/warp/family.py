@@ -64,16 +64,12 @@ MODEL_TILES = (dict(tokens_per_tile=24, k_tile=128, **_BASE),)
 def model_tiles(scheme=None) -> list:
     """The tile shapes of this family a call of ``scheme`` (None: INT4) may run: the buckets of :data:`TILES`,
     and for INT4 schemes :data:`MODEL_TILES`."""
-    out = [dict(t) for _, t in TILES]
-    if scheme is None or not _is_fp4(scheme):
-        out += [dict(t) for t in MODEL_TILES]
-    return out
-
-
-def _is_fp4(scheme) -> bool:
     from ....formats.schemes import get_scheme
 
-    return get_scheme(scheme).is_fp4 if isinstance(scheme, str) else scheme.is_fp4
+    out = [dict(t) for _, t in TILES]
+    if scheme is None or not get_scheme(scheme).is_fp4:
+        out += [dict(t) for t in MODEL_TILES]
+    return out
 
 
 def _compile(spec: KernelSpec, arch: str):
