@@ -7,7 +7,8 @@ loader (``get_kernel(spec, arch)``; on the GPU machine from ``W4A16_MOE_PREBUILT
 
 * NRMSE < 0.02 against FP64 (typical ~0.003) on every valid row; rows that must not be written stay NaN;
 * split-K (1, 2, 4): bit-identical results over repeated runs (``h`` and ``y`` epilogues), counters re-armed;
-* CUDA-graph capture + replay (route prep + both GEMMs) equals the eager result bit for bit.
+* CUDA-graph capture + replay (route prep + both GEMMs) equals the eager result bit for bit;
+* row-block streaming (short-K launches whose CTAs run several row blocks, unevenly): every scheme kind, biases.
 
 Failures name the case and print NRMSE, the worst element (row, column, got, expected) and which rows /
 column blocks are wrong.
@@ -101,8 +102,7 @@ def needed_specs() -> list:
         cfgs += _cfgs("int4_g128", "bf16", "swiglu", b).values()
         cfgs += _cfgs("int4_g32", "bf16", "swiglu", b).values()  # W1 benchmark
     out, seen = [], set()
-    for c in cfgs:
-        s = fam.spec_for(c)
+    for s in [fam.spec_for(c) for c in cfgs] + stream_specs():
         if s not in seen:
             seen.add(s)
             out.append(s)
@@ -215,14 +215,15 @@ def _fake_kernel(cfg, packed, act, out, plan, tw_flat, n, k):
     else:
         wd = wd.to(act.dtype).double()
     rs = plan.route_start.tolist()
+    bias = tw_flat.view(E, n).double() if cfg.bias else torch.zeros(E, n, dtype=torch.float64, device=act.device)
     for e in range(E):
         for s in range(rs[e], rs[e + 1]):
             route = int(plan.sorted_routes[s])
             if cfg.mode == "gate_up":
-                v = wd[e] @ act[route // TOPK].double()
+                v = wd[e] @ act[route // TOPK].double() + bias[e]
                 out[s] = apply_activation(v, cfg.activation).to(out.dtype)
             else:
-                v = wd[e] @ act[s].double()
+                v = wd[e] @ act[s].double() + bias[e]
                 if cfg.epi == "y":
                     out[route] = v.to(out.dtype)
                 else:
@@ -400,6 +401,107 @@ def test_split_k_deterministic(splits, gemm, bucket):
         if gemm != "down_atomic":  # FP32 atomics are order-nondeterministic by design
             for o in outs[1:]:
                 assert torch.equal(o, outs[0]), f"{gemm} {bucket} splits={splits} T={t}: not bit-identical"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# row-block streaming: short-K launches with grids large enough that a CTA runs several row blocks
+# ------------------------------------------------------------------------------------------------------------
+#: (gemm, scheme, bucket, bias, H, I): H = 2944 is 23 row blocks (not a multiple of the row blocks per CTA: the
+#: last CTA of each tile runs fewer); the gate/up case streams 46 row blocks over K = H = 512 (4 K tiles)
+STREAM_CASES = [
+    ("down_y", "int4_g128", "t8", False, 2944, 256),
+    ("down_y", "int4_g32_zp", "t16", False, 2944, 512),
+    ("down_atomic", "int4_g64", "t32", False, 2944, 256),
+    ("down_y", "nvfp4", "t8", False, 2944, 256),
+    ("down_y", "mxfp4", "t8", True, 2944, 256),
+    ("gate_up", "int4_g128", "t8", False, 512, 2944),
+    ("gate_up", "mxfp4", "t16", True, 512, 2944),
+]
+
+
+def _stream_cfg(gemm, scheme, bucket, bias):
+    act = "swiglu_oai" if bias else "swiglu"
+    sch = get_scheme(scheme)
+    up, down = fam.gemm_configs(sch, "bf16", act, True, "fused" if gemm == "down_atomic" else "deterministic",
+                                BUCKETS[bucket], bias)
+    return (up if gemm == "gate_up" else down), act
+
+
+def stream_specs() -> list:
+    return [fam.spec_for(_stream_cfg(g, s, b, bias)[0]) for g, s, b, bias, _, _ in STREAM_CASES]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: "-".join(str(v) for v in c))
+def test_row_block_streaming(case):
+    """Several row blocks per CTA (each stored from the ring stage its last K tile was consumed from, the next
+    row block's weights already in flight) against the FP64 reference; NaN-poisoned outputs; biases and NVFP4
+    global scales are per row block."""
+    from w4a16_moe.kernels.cute.warp.config import stream_row_blocks
+    from w4a16_moe.kernels.cute.warp.pack import pack_warp
+
+    gemm, scheme, bucket, bias, h, i = case
+    cfg, act = _stream_cfg(gemm, scheme, bucket, bias)
+    t, r = 300, 300 * TOPK
+    n, k = (2 * i, h) if gemm == "gate_up" else (h, i)
+    mt = fam.max_tiles(r, E, cfg.tokens_per_tile)
+    rbc = stream_row_blocks(cfg, n, k, mt, 1)
+    assert rbc > 1 and (n // cfg.rows_per_cta) % rbc, f"{cfg.name()}: the case must stream unevenly (rbc {rbc})"
+    g = torch.Generator().manual_seed(7)
+    w13 = torch.randn(E, 2 * i, h, generator=g) / h**0.5
+    w2 = torch.randn(E, h, i, generator=g) / i**0.5
+    b13 = torch.randn(E, 2 * i, generator=g) * 0.1 if bias else None
+    b2 = torch.randn(E, h, generator=g) * 0.1 if bias else None
+    w = wm.quantize_experts(w13.bfloat16(), w2.bfloat16(), scheme, activation=act)
+    r13, r2 = (m.double().to(DEV) for m in w.dequantize())
+    w = w.to(DEV)
+    qm = w.w13 if gemm == "gate_up" else w.w2
+    p = pack_warp(qm, warps=cfg.warps, m16_per_warp=cfg.m16_per_warp, k_tile=cfg.k_tile,
+                  compute_dtype=torch.bfloat16, interleave_gate_up=(gemm == "gate_up"))
+    x = torch.randn(t, h, generator=g).bfloat16().to(DEV)
+    ids, tw, offset = _routing(t, "ep_invalid", 3)
+    plan = _plan(ids, offset, cfg.tokens_per_tile)
+    nvalid, routes = _valid(plan)
+    es = _expert_of(ids, routes, offset)
+    name = f"{cfg.name()} n={n} k={k} rbc={rbc}"
+    if bias:  # the kernels' FP32 bias table [E, n] rides in the topk_weights slot (gate/up: [gate | up] rows)
+        slot = (b13 if gemm == "gate_up" else b2).float().contiguous().to(DEV)
+    else:
+        slot = tw.flatten().contiguous()
+    if gemm == "gate_up":
+        out = torch.full((r, i), float("nan"), dtype=torch.bfloat16, device=DEV)
+        _launch(cfg, p, x, out, plan, slot, n, k, r)
+        _sync()
+        pre = torch.empty(nvalid, 2 * i, dtype=torch.float64, device=DEV)
+        xs = x.double()[routes // TOPK]
+        for e in range(E):
+            sel = es == e
+            if sel.any():
+                pre[sel] = xs[sel] @ r13[e].T + (b13[e].double().to(DEV) if bias else 0.0)
+        _check(name, out[:nvalid], apply_activation(pre, act), row_ids=routes)
+        assert torch.isnan(out[nvalid:]).all(), f"{name}: rows past the valid slots were written"
+        return
+    hin = torch.full((r, i), float("nan"), dtype=torch.bfloat16, device=DEV)
+    hin[:nvalid] = torch.randn(nvalid, i, generator=g).bfloat16().to(DEV)
+    yref = torch.empty(nvalid, h, dtype=torch.float64, device=DEV)
+    for e in range(E):
+        sel = es == e
+        if sel.any():
+            yref[sel] = hin.double()[:nvalid][sel] @ r2[e].T + (b2[e].double().to(DEV) if bias else 0.0)
+    if gemm == "down_y":
+        out = torch.full((r, h), float("nan"), dtype=torch.bfloat16, device=DEV)
+        _launch(cfg, p, hin, out, plan, slot, n, k, r)
+        _sync()
+        _check(name, out[routes], yref, row_ids=routes)
+        written = torch.zeros(r, dtype=torch.bool, device=DEV)
+        written[routes] = True
+        assert torch.isnan(out[~written]).all(), f"{name}: rows of invalid routes were written"
+    else:
+        out = torch.zeros(t, h, dtype=torch.float32, device=DEV)
+        _launch(cfg, p, hin, out, plan, slot, n, k, r)
+        _sync()
+        ref = torch.zeros(t, h, dtype=torch.float64, device=DEV)
+        ref.index_add_(0, routes // TOPK, yref * tw.flatten().double()[routes][:, None])
+        _check(name, out, ref)
 
 
 @pytest.mark.skipif(FAKE, reason="GPU only")

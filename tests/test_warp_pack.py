@@ -323,7 +323,7 @@ def test_config_names_unique_and_complete():
     base = WarpGemmConfig()
     changes = dict(mode="down", dtype="fp16", kind="nvfp4", group=64, zero_point=True, warps=8, m16_per_warp=1,
                    tokens_per_tile=16, k_tile=64, stages=3, activation="geglu", epilogue="h", evict_first=False,
-                   min_ctas_per_sm=2, bias=True)
+                   min_ctas_per_sm=2, bias=True, row_blocks=1)
     assert set(changes) == {f.name for f in dataclasses.fields(WarpGemmConfig)}
     for key, val in changes.items():
         other = dataclasses.replace(base, **{key: val})
@@ -370,8 +370,36 @@ def test_every_bucket_fits_99kb_smem():
         gpt = c.k_tile // g if (g and g <= c.k_tile) else 1
         chunk = c.rows_per_cta * c.k_tile // 2 + c.rows_per_cta * gpt * 2 * (2 if c.zero_point else 1)
         stage = -(-chunk // 128) * 128 + c.tokens_per_tile * c.k_tile * 2
-        smem = max(c.stages * stage, c.tokens_per_tile * (c.rows_per_cta + 4) * 4) + 16
+        epi = c.tokens_per_tile * (c.rows_per_cta + 4) * 4
+        sz = c.stage_sizes
+        assert (sz["chunk"], sz["w_stage"] + sz["b_stage"], sz["epi"]) == (chunk, stage, epi), c.name()
+        if c.streams:  # a streaming kernel stages a finished row block in one ring stage (padded for it)
+            assert epi <= sz["stage"] <= max(stage, epi) and 8 * epi <= 9 * stage, c.name()
+        else:
+            assert sz["stage"] == stage
+        smem = max(c.stages * sz["stage"], epi) + 16
         assert smem <= 99 * 1024, (c.name(), smem)
+
+
+def test_row_block_streaming_rule():
+    """Which launches stream several row blocks per CTA (the host mirror of the kernel's run-time rule)."""
+    from w4a16_moe.kernels.cute.warp.config import STREAM_CTAS, STREAM_MAX_K_TILES, stream_row_blocks
+
+    sch = get_scheme("int4_g128")
+    tiles = {t["tokens_per_tile"]: t for t in fam.model_tiles(sch)}
+    for tn in (8, 16, 24, 32):  # the buckets up to TN 32 and the TN 24 model tile stream; TN 64 (BK 64) does not
+        _, down = fam.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", tiles[tn])
+        assert down.streams and down.row_blocks == 8, down.name()
+        # Kimi-K2 TP8 down GEMM (N = H = 7168, K = I = 256) at 512 tokens: 56 row blocks x max_tiles
+        mt = fam.max_tiles(512 * 8, 384, tn)
+        assert stream_row_blocks(down, 7168, 256, mt, 1) == min(8, 56 * mt // STREAM_CTAS) > 1
+        assert stream_row_blocks(down, 7168, 256, mt, 2) == 1  # split-K: one row block per CTA
+        assert stream_row_blocks(down, 7168, 128 * (STREAM_MAX_K_TILES + 1), mt, 1) == 1  # long K
+        assert stream_row_blocks(down, 7168, 256, 1, 1) == 1  # a small grid keeps its CTAs
+        off = dataclasses.replace(down, row_blocks=1)
+        assert not off.streams and stream_row_blocks(off, 7168, 256, mt, 1) == 1
+    _, down64 = fam.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", tiles[64])
+    assert not down64.streams and stream_row_blocks(down64, 7168, 256, 10**4, 1) == 1
 
 
 SCRIPT = textwrap.dedent("""

@@ -11,9 +11,27 @@ from dataclasses import dataclass
 
 from ..common.codes import act_tag, is_gated, resolve_epilogue
 
-__all__ = ["WarpGemmConfig", "KINDS", "e2m1_prmt_tables"]
+__all__ = ["WarpGemmConfig", "KINDS", "e2m1_prmt_tables", "STREAM_MAX_K_TILES", "STREAM_CTAS", "stream_row_blocks"]
 
 KINDS = ("int4", "nvfp4", "mxfp4")
+
+#: Row-block streaming (``row_blocks > 1``): a launch streams several row blocks per CTA only when its reduction
+#: is at most this many K tiles (a short-K down GEMM: every CTA of a one-row-block grid spends most of its life
+#: waiting for its first loads and storing its tile) and it runs without split-K ...
+STREAM_MAX_K_TILES = 4
+#: ... and then as many row blocks per CTA as keep about this many CTAs in the grid (row blocks x the launch's
+#: token-tile bound ``max_tiles``, which over-counts the tiles that run), at most ``row_blocks``
+STREAM_CTAS = 1024
+
+
+def stream_row_blocks(cfg, n: int, k: int, max_tiles: int, num_splits: int) -> int:
+    """Row blocks per CTA of a launch of ``cfg`` (``n`` weight rows, reduction ``k``): the kernel's run-time rule,
+    mirrored on the host. 1 unless the kernel streams (:attr:`WarpGemmConfig.streams`), ``k / k_tile <=``
+    :data:`STREAM_MAX_K_TILES` and ``num_splits == 1``; else ``clamp(n / rows_per_cta * max_tiles //``
+    :data:`STREAM_CTAS` ``, 1, row_blocks)``."""
+    if not cfg.streams or k // cfg.k_tile > STREAM_MAX_K_TILES or num_splits > 1:
+        return 1
+    return max(1, min((n // cfg.rows_per_cta) * max_tiles // STREAM_CTAS, cfg.row_blocks))
 
 
 def e2m1_prmt_tables(is_bf16: bool) -> tuple:
@@ -60,6 +78,9 @@ class WarpGemmConfig:
     epilogue: str = "auto"  # gate_up: "h"; down: "y" | "atomic_f32"
     evict_first: bool = True  # L2 evict-first cache hint on the streamed weights
     min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that this many CTAs fit on an SM
+    # row-block streaming: a CTA of a short-K launch runs up to this many consecutive row blocks of its token
+    # tile as one weight stream (1 = off; the run-time rule is the kernel module's ``stream_row_blocks``)
+    row_blocks: int = 8
 
     @property
     def gated(self) -> bool:
@@ -78,6 +99,35 @@ class WarpGemmConfig:
     def threads(self) -> int:
         return 32 * self.warps
 
+    @property
+    def stage_sizes(self) -> dict:
+        """Bytes of one pipeline stage's parts and of the epilogue staging tile: ``code``, ``scale`` and ``bias``
+        (zero-point biases) of the weight chunk, ``chunk`` (their sum), ``w_stage`` (the chunk padded to 128),
+        ``b_stage`` (the activation tile), ``stage`` and ``epi`` (``TN x (rows + 4)`` FP32)."""
+        rb, bk, g = self.rows_per_cta, self.k_tile, self.group
+        gpt = (bk // g) if (g and g <= bk) else 1
+        code, scale = rb * bk // 2, rb * gpt * 2
+        bias = scale if self.zero_point else 0
+        chunk = code + scale + bias
+        w_stage = -(-chunk // 128) * 128
+        b_stage = self.tokens_per_tile * bk * 2
+        epi = self.tokens_per_tile * (rb + 4) * 4
+        stage = w_stage + b_stage
+        if self._streams(stage, epi):
+            stage = max(stage, epi)  # pads TN 32 stages by 256 bytes
+        return dict(code=code, scale=scale, bias=bias, chunk=chunk, w_stage=w_stage, b_stage=b_stage,
+                    stage=stage, epi=epi)
+
+    def _streams(self, stage: int, epi: int) -> bool:
+        return self.row_blocks > 1 and 8 * epi <= 9 * stage
+
+    @property
+    def streams(self) -> bool:
+        """Whether the kernel can stream several row blocks per CTA: ``row_blocks > 1`` and a finished row block's
+        staging tile fits the ring stage it was consumed from (stages are padded by up to 1/8 for it)."""
+        sz = self.stage_sizes
+        return self._streams(sz["w_stage"] + sz["b_stage"], sz["epi"])
+
     def ws_floats(self, n: int, max_tiles: int, num_splits: int) -> int:
         """FP32 elements of the split-K workspace ``ws`` a launch needs (0 when ``num_splits == 1``)."""
         if num_splits <= 1:
@@ -95,6 +145,7 @@ class WarpGemmConfig:
         zp = "zp" if self.zero_point else ""
         kind = "" if self.kind == "int4" else f"_{self.kind}"
         extra = ("" if self.evict_first else "_noef") + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
+        extra += f"_r{self.row_blocks}" if self.row_blocks != 8 else ""
         return (
             f"warp_{self.mode}_{self.dtype}{kind}_g{g}{zp}_w{self.warps}m{self.m16_per_warp}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_{self.epi}{act}{extra}"

@@ -58,6 +58,17 @@ Pipeline (per CTA, ``cp.async`` groups, one ``bar.sync`` per K tile)::
                                         # mma.sync per (m16 block, n8 block, k16)
     cp.async.wait_group(0); bar.sync    # the ring is reused as the epilogue staging tile
 
+Row-block streaming (static ``cfg.row_blocks > 1`` where a finished row block's staging tile fits one ring
+stage, :attr:`.config.WarpGemmConfig.streams`; run-time ``rbc`` row blocks per CTA by the rule of
+:func:`.config.stream_row_blocks`: short K, no split-K, a large grid): CTA ``x`` runs row blocks ``x * rbc ..``
+(grid x = ``cdiv(N / RB, rbc)``, the last CTA of a tile may get fewer) as one sequence of ``rbc * nk`` stages
+(stage ``q`` = weight chunk ``q`` of the pack, which stores an expert's row blocks one after the other, with the
+activations of K tile ``q % nk``). After the last K tile of a row block that is not the CTA's last, all threads
+synchronize, stage the accumulators in the ring stage just consumed (the next ``cp.async`` into it is issued
+after the next iteration's barrier), store the row block and clear the accumulators while the next row block's
+first stages are in flight; the CTA's last row block ends as above. For a K = 256 down GEMM a one-row-block CTA
+streams only two stages and spends most of its life on its expert search, first loads and stores.
+
 Epilogue (all threads): FP32 accumulators -> shared staging ``[TN][RB + 4]`` (conflict-free ``st.shared``)
 -> optional split-K fixup -> (NVFP4 global scale) -> activation (gate and up columns ``j`` and ``RB/2 + j``
 of a staging row) -> 16-byte coalesced stores of 8 outputs, or FP32 reductions (``atomic_f32``). Everything
@@ -73,7 +84,8 @@ Routing contract (identical to the SM90 kernel): ``sorted_routes`` int32 ``[R]``
 ``token * top_k + j`` grouped by local expert; ``route_start`` int32 ``[E+1]``; ``block_start`` int32
 ``[E+1]`` = exclusive cumsum of ``cdiv(count_e, TN)`` with this kernel's ``TN``. Grid = ``(N / RB,
 max_tiles, num_splits)``; CTA ``(nb, tile, s)`` finds its expert ``e`` with ``block_start[e] <= tile <
-block_start[e+1]`` (searched by all threads in parallel); CTAs with ``tile >= block_start[E]`` exit.
+block_start[e+1]`` (searched by all threads in parallel); CTAs with ``tile >= block_start[E]`` exit (grid x is
+``cdiv(N / RB, rbc)`` when streaming).
 
 Modes (static): ``gate_up``: B rows ``x[sorted_routes[slot] // top_k]``, ``h[slot, :]`` ([R, I], x's dtype)
 = act(gate) * up for swiglu/geglu (interleaved w13 pack) or act(h) for relu2/silu; ``down``: B rows
@@ -108,7 +120,7 @@ from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, chec
                             check_epilogue, check_mode_dtype)
 from ..common.epilogue import EpilogueShape, finish_store, publish_split
 from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
-from .config import WarpGemmConfig, e2m1_prmt_tables
+from .config import STREAM_CTAS, STREAM_MAX_K_TILES, WarpGemmConfig, e2m1_prmt_tables
 
 __all__ = ["WarpW4A16GroupedGemm", "WarpGemmConfig", "smem_limit", "arch_major"]
 
@@ -133,10 +145,6 @@ def arch_major(arch: str) -> int:
 
 def smem_limit(arch: str) -> int:
     return _SMEM_LIMIT.get(arch_major(arch), 99 * 1024)
-
-
-def _round_up(a: int, b: int) -> int:
-    return (a + b - 1) // b * b
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -177,6 +185,8 @@ class WarpW4A16GroupedGemm:
             raise ValueError("32 * warps must be a multiple of k_tile / 8 (activation copy mapping)")
         if c.stages < 2:
             raise ValueError("stages must be >= 2")
+        if not 1 <= c.row_blocks <= 64:
+            raise ValueError("row_blocks must be in [1, 64]")
         self.cfg = c
         self.is_bf16 = c.dtype == "bf16"
         self.W, self.MW, self.TN, self.BK, self.S = c.warps, c.m16_per_warp, c.tokens_per_tile, c.k_tile, c.stages
@@ -187,18 +197,16 @@ class WarpW4A16GroupedGemm:
         self.KB = self.BK // 16
         g = c.group
         self.gpt = (self.BK // g) if (g and g <= self.BK) else 1
-        self.code_bytes = self.RB * self.BK // 2
-        self.scale_bytes = self.RB * self.gpt * 2
-        self.bias_bytes = self.scale_bytes if c.zero_point else 0
-        self.chunk = self.code_bytes + self.scale_bytes + self.bias_bytes
-        self.w_stage = _round_up(self.chunk, 128)
-        self.b_stage = self.TN * self.BK * 2
-        self.stage_bytes = self.w_stage + self.b_stage
+        sz = c.stage_sizes
+        self.code_bytes, self.scale_bytes, self.bias_bytes = sz["code"], sz["scale"], sz["bias"]
+        self.chunk, self.w_stage, self.b_stage, self.stage_bytes = sz["chunk"], sz["w_stage"], sz["b_stage"], sz["stage"]
         self.cols = self.RB
         self.rs = self.cols + 4  # padded FP32 staging row stride: conflict-free accumulator writes
-        self.epi_bytes = self.TN * self.rs * 4
+        self.epi_bytes = sz["epi"]
         self.region = max(self.S * self.stage_bytes, self.epi_bytes)
         self.smem_bytes = self.region + 16
+        # row-block streaming stages a finished row block's accumulators in the ring stage it just consumed
+        self.stream = c.streams
         self.magic = INT4_MAGIC[c.dtype]
         self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
         self.one2 = ONE_X2[c.dtype]
@@ -259,15 +267,26 @@ class WarpW4A16GroupedGemm:
             buf: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, self.region], 128]
 
         self.storage_cls = Storage
+        nbc = n // self.RB
+        rbc = self._row_blocks(nbc, k, max_tiles, num_splits)
         self.kernel(
             w, act, out, sorted_routes, route_start, block_start, topk_weights, ws, counters,
             num_experts, n, k, num_routes, top_k, num_splits,
         ).launch(
-            grid=[n // self.RB, max_tiles, num_splits],
+            grid=[(nbc + rbc - 1) // rbc, max_tiles, num_splits],
             block=[self.T, 1, 1],
             stream=stream,
             **occupancy_kwargs(self.cfg.min_ctas_per_sm),
         )
+
+    def _row_blocks(self, nbc, k, max_tiles, num_splits):
+        """Row blocks per CTA (run-time ``Int32``; the rule of :func:`.config.stream_row_blocks`, branch-free)."""
+        if const_expr(not self.stream):
+            return Int32(1)
+        want = cutlass.max(cutlass.min(nbc * max_tiles // STREAM_CTAS, self.cfg.row_blocks), 1)
+        short = cutlass.min(cutlass.max(STREAM_MAX_K_TILES + 1 - k // self.BK, 0), 1)  # 1: k_tiles <= max
+        unsplit = cutlass.min(cutlass.max(2 - num_splits, 0), 1)  # 1: num_splits == 1
+        return 1 + (want - 1) * short * unsplit
 
     # ------------------------------------------------------------------------------------------------------
     @cute.kernel
@@ -305,19 +324,32 @@ class WarpW4A16GroupedGemm:
         cute.arch.sync_threads()
         # the expert owning this tile: block_start[e] <= tile < block_start[e + 1] (parallel search)
         e = tile_expert(g_bs, tile, num_experts, tidx, T, misc_addr)
+        nb_count = n // self.RB
+        # row blocks nb0 .. nb0 + nrb - 1 (streaming: rbc per CTA, the grid being cdiv(nb_count, rbc); else one)
+        nb0 = nb
+        nrb = Int32(1)
+        if const_expr(self.stream):
+            gx, _, _ = cute.arch.grid_dim()
+            rbc = (nb_count + gx - 1) // gx
+            nb0 = nb * rbc
+            nrb = cutlass.min(rbc, nb_count - nb0)
         if e >= 0:
-            kt_total, kt0, nk = split_k_range(k, BK, split, num_splits)
-            slot0 = g_rs[e] + (tile - g_bs[e]) * TN
-            count = cutlass.min(g_rs[e + 1] - slot0, TN)
-            nb_count = n // self.RB
-            w_base = w.toint() + ((Int64(e) * Int64(nb_count) + Int64(nb)) * Int64(kt_total) + Int64(kt0)) * self.chunk
-            acc = self._mainloop(tidx, w_base, act, g_routes, slot0, count, k, top_k, kt0, nk, buf)
-            self._epilogue(tidx, acc, buf, misc_addr, w, out, g_routes, topk_weights, ws, counters, e, nb, tile,
-                           split, n, k, num_experts, num_routes, top_k, num_splits, slot0, count)
+            if nrb > 0:
+                kt_total, kt0, nk = split_k_range(k, BK, split, num_splits)
+                slot0 = g_rs[e] + (tile - g_bs[e]) * TN
+                count = cutlass.min(g_rs[e + 1] - slot0, TN)
+                w_base = w.toint() + ((Int64(e) * Int64(nb_count) + Int64(nb0)) * Int64(kt_total) + Int64(kt0)) * self.chunk
+                epi_args = (w, out, g_routes, topk_weights, e, n, k, num_experts, num_routes, top_k, slot0, count, nb0)
+                acc = self._mainloop(tidx, w_base, act, g_routes, slot0, count, k, top_k, kt0, nk, nrb, buf, epi_args)
+                self._epilogue(tidx, acc, buf, misc_addr, w, out, g_routes, topk_weights, ws, counters, e,
+                               nb0 + nrb - 1, tile, split, n, k, num_experts, num_routes, top_k, num_splits, slot0, count)
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
-    def _mainloop(self, tidx, w_base, act, g_routes, slot0, count, k, top_k, kt0, nk, buf):
+    def _mainloop(self, tidx, w_base, act, g_routes, slot0, count, k, top_k, kt0, nk, nrb, buf, epi_args):
+        """The weight stream of ``nrb`` row blocks x ``nk`` K tiles (stage ``q`` = row block ``q // nk``, K tile
+        ``q % nk``: consecutive chunks of the pack); the accumulators of the last row block are returned, those of
+        the others stored on the way (:meth:`_row_epilogue`)."""
         TN, BK, S, T = self.TN, self.BK, self.S, self.T
         # weight pieces (16 B) of a chunk: thread t copies pieces t, t + T, ...
         P = self.chunk // 16
@@ -352,25 +384,32 @@ class WarpW4A16GroupedGemm:
 
         # prologue: S - 1 tiles in flight
         for s in cutlass.range_constexpr(S - 1):
-            if s < nk:
-                self._issue(s, s, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
+            if s < nk * nrb:
+                self._issue(s, s, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT, nk)
             ptx.cp_async_commit()
-        for it in cutlass.range(nk, unroll=1):
+        n_seq = nk * nrb
+        for it in cutlass.range(n_seq, unroll=1):
             ptx.cp_async_wait(S - 2)
             cute.arch.sync_threads()
             nxt = it + (S - 1)
-            if nxt < nk:
-                self._issue(nxt, nxt % S, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
+            if nxt < n_seq:
+                self._issue(nxt, nxt % S, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT, nk)
             ptx.cp_async_commit()
             self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
+            if const_expr(self.stream):
+                if (it + 1) % nk == 0:
+                    if it + 1 < n_seq:  # a row block done, more to come: store it from the stage just consumed
+                        self._row_epilogue(tidx, acc, buf + (it % S) * self.stage_bytes, (it + 1) // nk - 1,
+                                           epi_args)
         ptx.cp_async_wait(0)
         cute.arch.sync_threads()
         return acc
 
     @cute.jit
     def _issue(self, it, stage, tidx, w_base, act_base, src_off, dst_off, policy, buf, P: cutlass.Constexpr,
-               NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr):
-        """cp.async of K tile ``it`` (weights + gathered activations) into ring stage ``stage``."""
+               NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr, nk):
+        """cp.async of stream stage ``it`` (weight chunk ``it``, activations of K tile ``it % nk``) into ring stage
+        ``stage``."""
         T = self.T
         sbase = buf + stage * self.stage_bytes
         src_w = w_base + Int64(it) * self.chunk + Int64(tidx * 16)
@@ -381,7 +420,10 @@ class WarpW4A16GroupedGemm:
             else:
                 if tidx + j * T < P:
                     self._cp_w(dst_w + j * T * 16, src_w + j * T * 16, policy)
-        src_a = act_base + Int64(it) * (self.BK * 2)
+        kt = it
+        if const_expr(self.stream):
+            kt = it % nk
+        src_a = act_base + Int64(kt) * (self.BK * 2)
         for j in cutlass.range_constexpr(NIT):
             if const_expr(total % T == 0):
                 ptx.cp_async_16(sbase + dst_off[j], src_a + src_off[j])
@@ -500,22 +542,55 @@ class WarpW4A16GroupedGemm:
             return ptx.shr_u32(x, -s)
         return x
 
-    # ------------------------------------------------------------------------------------------------------
     @cute.jit
-    def _epilogue(self, tidx, acc, buf, misc_addr, w, out, g_routes, topk_weights, ws, counters, e, nb, tile, split,
-                  n, k, num_experts, num_routes, top_k, num_splits, slot0, count):
-        cfg = self.cfg
+    def _row_epilogue(self, tidx, acc, stg, rb, epi_args):
+        """Store row block ``nb0 + rb`` of a streaming CTA (no split-K) from the staging tile at ``stg`` (the ring
+        stage its last K tile was consumed from; the next issue into it follows the next iteration's barrier),
+        then clear the accumulators."""
+        w, out, g_routes, topk_weights, e, n, k, num_experts, num_routes, top_k, slot0, count, nb0 = epi_args
+        cute.arch.sync_threads()  # every warp is done with the stage's activation tile
+        self._stage_acc(tidx, acc, stg)
+        cute.arch.sync_threads()
+        self._finish(tidx, stg, Int64(0), Int32(1), w, out, g_routes, topk_weights, e, nb0 + rb, n, k, num_experts,
+                     num_routes, top_k, slot0, count)
+        acc.fill(0.0)
+
+    @cute.jit
+    def _stage_acc(self, tidx, acc, stg):
+        """FP32 accumulators -> shared staging ``[TN][cols]`` at ``stg`` (column = weight row of the row block)."""
         MW, NB8, rs = self.MW, self.NB8, self.rs
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
-        # (A) accumulators -> FP32 staging [TN][cols] (column = weight row in the CTA's row block)
         for m in cutlass.range_constexpr(MW):
             for rh in cutlass.range_constexpr(2):
                 col = (warp * MW + m) * 16 + lane // 4 + 8 * rh
                 for nb8 in cutlass.range_constexpr(NB8):
                     for v in cutlass.range_constexpr(2):
                         tok = 8 * nb8 + 2 * (lane % 4) + v
-                        ptx.st_shared_f32(buf + (tok * rs + col) * 4, acc[(m * NB8 + nb8) * 4 + 2 * rh + v])
+                        ptx.st_shared_f32(stg + (tok * rs + col) * 4, acc[(m * NB8 + nb8) * 4 + 2 * rh + v])
+
+    @cute.jit
+    def _finish(self, tidx, stg, ws_base, num_splits, w, out, g_routes, topk_weights, e, nb, n, k, num_experts,
+                num_routes, top_k, slot0, count):
+        """:func:`..common.epilogue.finish_store` of row block ``nb`` (NVFP4 global scales, bias row)."""
+        cfg = self.cfg
+        nb_count = n // self.RB
+        gs_base = Int64(0)
+        if const_expr(cfg.kind == "nvfp4"):
+            chunks = Int64(num_experts) * Int64(nb_count) * Int64(k // self.BK) * self.chunk
+            gs_base = w.toint() + chunks + (Int64(e) * Int64(n) + Int64(nb * self.cols)) * 4
+        bias_base = Int64(0)
+        if const_expr(cfg.bias):  # the bias table [E, n] rides in the topk_weights slot
+            bias_base = topk_weights.toint() + Int64(e) * Int64(n) * 4
+        finish_store(self.epi_shape, tidx, stg, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
+                     num_routes, top_k, n, nb, gs_base, bias_base)
+
+    # ------------------------------------------------------------------------------------------------------
+    @cute.jit
+    def _epilogue(self, tidx, acc, buf, misc_addr, w, out, g_routes, topk_weights, ws, counters, e, nb, tile, split,
+                  n, k, num_experts, num_routes, top_k, num_splits, slot0, count):
+        # (A) accumulators -> FP32 staging [TN][cols] (column = weight row in the CTA's row block)
+        self._stage_acc(tidx, acc, buf)
         cute.arch.sync_threads()
 
         # (B) split-K: publish this split's partial tile; the last split to arrive finishes
@@ -524,12 +599,5 @@ class WarpW4A16GroupedGemm:
 
         # (C) finish: 8 output columns per item
         if is_last != 0:
-            gs_base = Int64(0)
-            if const_expr(cfg.kind == "nvfp4"):
-                chunks = Int64(num_experts) * Int64(nb_count) * Int64(k // self.BK) * self.chunk
-                gs_base = w.toint() + chunks + (Int64(e) * Int64(n) + Int64(nb * self.cols)) * 4
-            bias_base = Int64(0)
-            if const_expr(cfg.bias):  # the bias table [E, n] rides in the topk_weights slot
-                bias_base = topk_weights.toint() + Int64(e) * Int64(n) * 4
-            finish_store(self.epi_shape, tidx, buf, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
-                         num_routes, top_k, n, nb, gs_base, bias_base)
+            self._finish(tidx, buf, ws_base, num_splits, w, out, g_routes, topk_weights, e, nb, n, k, num_experts,
+                         num_routes, top_k, slot0, count)
