@@ -323,7 +323,7 @@ def test_config_names_unique_and_complete():
     base = WarpGemmConfig()
     changes = dict(mode="down", dtype="fp16", kind="nvfp4", group=64, zero_point=True, warps=8, m16_per_warp=1,
                    tokens_per_tile=16, k_tile=64, stages=3, activation="geglu", epilogue="h", evict_first=False,
-                   min_ctas_per_sm=2, bias=True, row_blocks=1)
+                   min_ctas_per_sm=2, bias=True, row_blocks=1, acc_scales=False)
     assert set(changes) == {f.name for f in dataclasses.fields(WarpGemmConfig)}
     for key, val in changes.items():
         other = dataclasses.replace(base, **{key: val})
@@ -379,6 +379,22 @@ def test_every_bucket_fits_99kb_smem():
             assert sz["stage"] == stage
         smem = max(c.stages * sz["stage"], epi) + 16
         assert smem <= 99 * 1024, (c.name(), smem)
+
+
+def test_scales_in_acc_rule():
+    """Which INT4 kernels apply the scales to FP32 partial sums (groups >= 128 up to TN 32, group 64 up to TN 16)."""
+    def cfg(**kw):
+        return WarpGemmConfig(**{**dict(kind="int4", group=128, tokens_per_tile=16, k_tile=128), **kw})
+
+    assert all(cfg(tokens_per_tile=tn).scales_in_acc for tn in (8, 16, 24, 32))
+    assert not cfg(tokens_per_tile=40).scales_in_acc
+    assert cfg(group=0).scales_in_acc and cfg(group=256).scales_in_acc  # per channel / groups past the K tile
+    assert cfg(group=64, tokens_per_tile=16).scales_in_acc and not cfg(group=64, tokens_per_tile=24).scales_in_acc
+    assert not any(cfg(group=32, tokens_per_tile=tn).scales_in_acc for tn in (8, 16))
+    assert not cfg(tokens_per_tile=64, k_tile=64).scales_in_acc  # the TN 64 bucket
+    assert not cfg(kind="nvfp4", group=16).scales_in_acc and not cfg(kind="mxfp4", group=32).scales_in_acc
+    assert not cfg(acc_scales=False).scales_in_acc
+    assert cfg(zero_point=True).scales_in_acc
 
 
 def test_row_block_streaming_rule():

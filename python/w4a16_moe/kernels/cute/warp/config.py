@@ -81,6 +81,9 @@ class WarpGemmConfig:
     # row-block streaming: a CTA of a short-K launch runs up to this many consecutive row blocks of its token
     # tile as one weight stream (1 = off; the run-time rule is the kernel module's ``stream_row_blocks``)
     row_blocks: int = 8
+    # INT4: apply the scales to FP32 partial sums of each scale group instead of to every decoded weight pair
+    # where that saves packed multiplies (``scales_in_acc``: groups of >= 64 and few token columns)
+    acc_scales: bool = True
 
     @property
     def gated(self) -> bool:
@@ -122,6 +125,18 @@ class WarpGemmConfig:
         return self.row_blocks > 1 and 8 * epi <= 9 * stage
 
     @property
+    def scales_in_acc(self) -> bool:
+        """Whether the kernel scales FP32 partial sums per scale group (``acc_scales``, INT4): a K tile then saves
+        the ``4 * k_tile / 16`` packed scale multiplies of each thread's m16 block and costs ``groups * (4 *
+        TN / 8 + 2)`` FP32 multiply-adds and conversions; used where that saves at least 12 (group >= 128 up to
+        TN 32, group 64 up to TN 16, never group 32 or FP4)."""
+        if not self.acc_scales or self.kind != "int4":
+            return False
+        kb = self.k_tile // 16
+        groups = (self.k_tile // self.group) if (self.group and self.group <= self.k_tile) else 1
+        return 4 * kb - groups * (4 * (self.tokens_per_tile // 8) + 2) >= 12
+
+    @property
     def streams(self) -> bool:
         """Whether the kernel can stream several row blocks per CTA: ``row_blocks > 1`` and a finished row block's
         staging tile fits the ring stage it was consumed from (stages are padded by up to 1/8 for it)."""
@@ -146,6 +161,7 @@ class WarpGemmConfig:
         kind = "" if self.kind == "int4" else f"_{self.kind}"
         extra = ("" if self.evict_first else "_noef") + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
         extra += f"_r{self.row_blocks}" if self.row_blocks != 8 else ""
+        extra += "" if self.acc_scales else "_sw"
         return (
             f"warp_{self.mode}_{self.dtype}{kind}_g{g}{zp}_w{self.warps}m{self.m16_per_warp}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_{self.epi}{act}{extra}"

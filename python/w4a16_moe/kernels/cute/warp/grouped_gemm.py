@@ -41,8 +41,14 @@ Fragments (PTX ISA, m16n8k16): A (weights) as in :mod:`.pack`; B: ``ldmatrix.x4`
 ``2 (l%4) + {0, 1}``), ``c2, c3`` = row ``l//4 + 8``.
 
 Dequantization per A register ``a_i`` (``x = word >> 4i``): INT4 ``lop3(x & 0x000F000F | magic)``,
-``fma(t, 1.0, bias)`` (bias ``-(magic + 8)`` or the stored ``-(magic + zero)``: exact), ``fma(t, scale,
--0.0)`` (one rounding to bf16/f16: the same operand values as the SM90 kernel). FP4 (E2M1): the
+``fma(t, 1.0, bias)`` (bias ``-(magic + 8)`` or the stored ``-(magic + zero)``: exact), then either
+``fma(t, scale, -0.0)`` (one rounding to bf16/f16: the same operand values as the SM90 kernel), or, where
+:attr:`.config.WarpGemmConfig.scales_in_acc` (INT4, groups >= 64, up to TN 32 / 16), nothing: the MMAs of
+one scale group accumulate the exact integers ``q - 8`` / ``q - zero`` times the activations into FP32 partial
+sums (started from zero), which then join the accumulators as ``acc += scale * partial`` with the row's FP32
+scale. Per K tile of 128 and m16 block a thread then runs 32 packed multiplies fewer and ``groups * 4 * TN/8``
+FP32 multiply-adds more (W1-type down GEMM, TN 16: 48 of ~300 instructions per K tile fewer), and the products
+are exact before one FP32 scaling (more accurate than rounding every weight to bf16). FP4 (E2M1): the
 magnitude is looked up with ``prmt`` from the exact 16-bit patterns of ``{0, .5, 1, 1.5, 2, 3, 4, 6}``
 (two byte tables: high and low bytes), the sign is OR-ed in, then the same scale FMA (E2M1 x E4M3/E8M0
 products are exact). NVFP4's FP32 per-row global scale multiplies the FP32 accumulators in the epilogue.
@@ -114,6 +120,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import ptx
 from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_bias,
@@ -145,6 +153,18 @@ def arch_major(arch: str) -> int:
 
 def smem_limit(arch: str) -> int:
     return _SMEM_LIMIT.get(arch_major(arch), 99 * 1024)
+
+
+@dsl_user_op
+def _scale_f32(bits, hi: bool, is_bf16: bool, *, loc=None, ip=None) -> Float32:
+    """The low (``hi=False``) or high 16-bit scale of ``bits`` (bf16 / f16) as an exact FP32 value."""
+    if is_bf16:
+        asm = "and.b32 $0, $1, 0xffff0000;" if hi else "shl.b32 $0, $1, 16;"
+    else:
+        asm = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, " + ("hi" if hi else "lo") + "; }"
+    r = llvm.inline_asm(T.f32(), [Int32(bits).ir_value(loc=loc, ip=ip)], asm, "=f,r", has_side_effects=False,
+                        loc=loc, ip=ip)
+    return Float32(r)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -207,6 +227,8 @@ class WarpW4A16GroupedGemm:
         self.smem_bytes = self.region + 16
         # row-block streaming stages a finished row block's accumulators in the ring stage it just consumed
         self.stream = c.streams
+        # INT4 scales applied to FP32 partial sums per scale group (cfg.scales_in_acc) instead of to the weights
+        self.acc_scale = c.scales_in_acc
         self.magic = INT4_MAGIC[c.dtype]
         self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
         self.one2 = ONE_X2[c.dtype]
@@ -460,14 +482,16 @@ class WarpW4A16GroupedGemm:
         MW, C, KB, NB8, BK, gpt = self.MW, self.C, self.KB, self.NB8, self.BK, self.gpt
         is_bf16 = self.is_bf16
         q = lane // 4
-        words, s_lo, s_hi, b_lo, b_hi = [], [], [], [], []
+        words, s_words, s_lo, s_hi, b_lo, b_hi = [], [], [], [], [], []
         for m in cutlass.range_constexpr(MW):
             mb = warp * MW + m
             words.append([ptx.ld_shared_v4(sbase + ((mb * C + c) * 32 + lane) * 16) for c in range(C)])
             saddr = sbase + self.code_bytes + (mb * 8 + q) * (gpt * 4)
             sw = self._lds_words(saddr, gpt)
-            s_lo.append([ptx.prmt_imm(v, 0x1010) for v in sw])
-            s_hi.append([ptx.prmt_imm(v, 0x3232) for v in sw])
+            s_words.append(sw)
+            if const_expr(not self.acc_scale):
+                s_lo.append([ptx.prmt_imm(v, 0x1010) for v in sw])
+                s_hi.append([ptx.prmt_imm(v, 0x3232) for v in sw])
             if const_expr(cfg.zero_point):
                 bw = self._lds_words(saddr + self.scale_bytes, gpt)
                 b_lo.append([ptx.prmt_imm(v, 0x1010) for v in bw])
@@ -477,6 +501,15 @@ class WarpW4A16GroupedGemm:
         lx = lane % 8
         lq = lane // 8
         g = cfg.group
+        acc_scale = self.acc_scale
+        KG = (g // 16) if (g and g <= BK) else KB  # k16 blocks per scale group inside the tile
+        sf_lo, sf_hi = [], []
+        if const_expr(acc_scale):  # FP32 row scales (rows lane // 4 and lane // 4 + 8) per group
+            for m in cutlass.range_constexpr(MW):
+                sf_lo.append([_scale_f32(v, False, is_bf16) for v in s_words[m]])
+                sf_hi.append([_scale_f32(v, True, is_bf16) for v in s_words[m]])
+        part = [[None] * NB8 for _ in range(MW)]  # the current group's partial sums (acc_scale)
+        zero = Float32(0.0)
         for kb2 in cutlass.range_constexpr(KB // 2):
             bfr = []
             for nb8 in cutlass.range_constexpr(NB8):
@@ -488,7 +521,9 @@ class WarpW4A16GroupedGemm:
                     word = words[m][kb // 4][kb % 4]
                     a = []
                     for i in cutlass.range_constexpr(4):
-                        sc = s_lo[m][gi] if i % 2 == 0 else s_hi[m][gi]
+                        sc = None
+                        if const_expr(not acc_scale):
+                            sc = s_lo[m][gi] if i % 2 == 0 else s_hi[m][gi]
                         if const_expr(cfg.kind == "int4"):
                             bias = None
                             if const_expr(cfg.zero_point):
@@ -498,16 +533,33 @@ class WarpW4A16GroupedGemm:
                             a.append(self._dequant_fp4(word, i, sc))
                     for nb8 in cutlass.range_constexpr(NB8):
                         base = (m * NB8 + nb8) * 4
-                        d = ptx.mma_16816(a[0], a[1], a[2], a[3], bfr[nb8][2 * kk], bfr[nb8][2 * kk + 1],
-                                      acc[base], acc[base + 1], acc[base + 2], acc[base + 3], is_bf16)
-                        for v in cutlass.range_constexpr(4):
-                            acc[base + v] = d[v]
+                        if const_expr(acc_scale):
+                            c = [zero] * 4
+                            if const_expr(kb % KG != 0):
+                                c = part[m][nb8]
+                            d = ptx.mma_16816(a[0], a[1], a[2], a[3], bfr[nb8][2 * kk], bfr[nb8][2 * kk + 1],
+                                              c[0], c[1], c[2], c[3], is_bf16)
+                            if const_expr(kb % KG == KG - 1):  # group complete: acc += scale * partial (FP32)
+                                for v in cutlass.range_constexpr(4):
+                                    sf = sf_lo[m][gi] if v < 2 else sf_hi[m][gi]
+                                    acc[base + v] = acc[base + v] + sf * d[v]
+                            else:
+                                part[m][nb8] = [d[0], d[1], d[2], d[3]]
+                        else:
+                            d = ptx.mma_16816(a[0], a[1], a[2], a[3], bfr[nb8][2 * kk], bfr[nb8][2 * kk + 1],
+                                              acc[base], acc[base + 1], acc[base + 2], acc[base + 3], is_bf16)
+                            for v in cutlass.range_constexpr(4):
+                                acc[base + v] = d[v]
 
     def _dequant_int4(self, word, i: int, sc, bias):
+        """Nibbles ``i`` / ``i + 4`` of ``word`` as ``(q - 8)`` or ``(q - zero)`` (exact), times the scale pair
+        ``sc`` (one rounding) unless ``sc`` is None (scales applied to the FP32 partial sums)."""
         src = word if i == 0 else ptx.shr_u32(word, 4 * i)
         t = ptx.lop3_and_or(src, 0x000F000F, Int32(ptx.signed32(self.magic)))
         b = Int32(ptx.signed32(self.sym_bias)) if bias is None else bias
         t = ptx.hfma2(t, Int32(ptx.signed32(self.one2)), b, self.is_bf16)
+        if sc is None:
+            return t
         return ptx.hfma2(t, sc, Int32(self.neg0), self.is_bf16)
 
     def _dequant_fp4(self, word, i: int, sc):
