@@ -406,29 +406,32 @@ def test_split_k_deterministic(splits, gemm, bucket):
 # ------------------------------------------------------------------------------------------------------------
 # row-block streaming: short-K launches with grids large enough that a CTA runs several row blocks
 # ------------------------------------------------------------------------------------------------------------
-#: (gemm, scheme, bucket, bias, H, I): H = 2944 is 23 row blocks (not a multiple of the row blocks per CTA: the
-#: last CTA of each tile runs fewer); the gate/up case streams 46 row blocks over K = H = 512 (4 K tiles)
+#: (gemm, scheme, tile, bias, H, I, tokens): H = 2944 / 5888 are 23 / 46 row blocks (not multiples of the row
+#: blocks per CTA: the last CTA of each tile runs fewer); the gate/up cases stream 46 row blocks over K = H = 512
+#: (4 K tiles). INT4 groups of 64 / 128 take the FP32-scale path; TN 32 with groups of 128 a padded stage.
 STREAM_CASES = [
-    ("down_y", "int4_g128", "t8", False, 2944, 256),
-    ("down_y", "int4_g32_zp", "t16", False, 2944, 512),
-    ("down_atomic", "int4_g64", "t32", False, 2944, 256),
-    ("down_y", "nvfp4", "t8", False, 2944, 256),
-    ("down_y", "mxfp4", "t8", True, 2944, 256),
-    ("gate_up", "int4_g128", "t8", False, 512, 2944),
-    ("gate_up", "mxfp4", "t16", True, 512, 2944),
+    ("down_y", "int4_g128", "t8", False, 2944, 256, 300),
+    ("down_y", "int4_g64_zp", "t16", False, 2944, 512, 1000),
+    ("down_y", "int4_g32", "t24", False, 2944, 256, 1000),
+    ("down_atomic", "int4_g128", "t32", False, 5888, 256, 1000),
+    ("down_y", "nvfp4", "t8", False, 2944, 256, 300),
+    ("down_y", "mxfp4", "t8", True, 2944, 256, 300),
+    ("gate_up", "int4_g128", "t8", False, 512, 2944, 300),
+    ("gate_up", "mxfp4", "t16", True, 512, 2944, 1000),
 ]
+_STREAM_TILES = {f"t{t['tokens_per_tile']}": t for t in fam.model_tiles()}
 
 
-def _stream_cfg(gemm, scheme, bucket, bias):
+def _stream_cfg(gemm, scheme, tile, bias):
     act = "swiglu_oai" if bias else "swiglu"
     sch = get_scheme(scheme)
     up, down = fam.gemm_configs(sch, "bf16", act, True, "fused" if gemm == "down_atomic" else "deterministic",
-                                BUCKETS[bucket], bias)
+                                _STREAM_TILES[tile], bias)
     return (up if gemm == "gate_up" else down), act
 
 
 def stream_specs() -> list:
-    return [fam.spec_for(_stream_cfg(g, s, b, bias)[0]) for g, s, b, bias, _, _ in STREAM_CASES]
+    return [fam.spec_for(_stream_cfg(g, s, b, bias)[0]) for g, s, b, bias, _, _, _ in STREAM_CASES]
 
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=lambda c: "-".join(str(v) for v in c))
@@ -439,9 +442,9 @@ def test_row_block_streaming(case):
     from w4a16_moe.kernels.cute.warp.config import stream_row_blocks
     from w4a16_moe.kernels.cute.warp.pack import pack_warp
 
-    gemm, scheme, bucket, bias, h, i = case
-    cfg, act = _stream_cfg(gemm, scheme, bucket, bias)
-    t, r = 300, 300 * TOPK
+    gemm, scheme, tile, bias, h, i, t = case
+    cfg, act = _stream_cfg(gemm, scheme, tile, bias)
+    r = t * TOPK
     n, k = (2 * i, h) if gemm == "gate_up" else (h, i)
     mt = fam.max_tiles(r, E, cfg.tokens_per_tile)
     rbc = stream_row_blocks(cfg, n, k, mt, 1)

@@ -41,8 +41,10 @@ from .config import RoutingConfig
 __all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "SMALL_ROUTES", "configs_for",
            "warm", "pdl_supported", "num_row_blocks"]
 
-#: routes up to which the single-CTA preparation is used (as the Triton path)
-SMALL_ROUTES = 4096
+#: routes up to which the single-CTA preparation is used; above it the two-kernel path (hist + place), which is
+#: as fast at 2048 routes and twice as fast at 4096 (H200, 128-384 experts, top-8: 9.5-9.9 us against 4.9-5.6;
+#: docs/perf/2026-12-01-row-streaming). The Triton path keeps its own threshold.
+SMALL_ROUTES = 2048
 _CHUNK = 1024  # span granularity of the two-kernel path
 _MAX_PROGRAMS = 128  # CTAs of the two-kernel path (each place CTA reads every histogram row)
 

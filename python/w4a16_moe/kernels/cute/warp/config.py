@@ -20,8 +20,11 @@ KINDS = ("int4", "nvfp4", "mxfp4")
 #: waiting for its first loads and storing its tile) and it runs without split-K ...
 STREAM_MAX_K_TILES = 4
 #: ... and then as many row blocks per CTA as keep about this many CTAs in the grid (row blocks x the launch's
-#: token-tile bound ``max_tiles``, which over-counts the tiles that run), at most ``row_blocks``
-STREAM_CTAS = 1024
+#: token-tile bound ``max_tiles``, which over-counts the tiles that run), at most ``row_blocks``. H200,
+#: docs/perf/2026-12-01-row-streaming: Kimi-K2 TP8 shape (56 row blocks, K = 256) at 512 tokens, TN 16: down GEMM
+#: 173.8 us with one row block per CTA, 148.1 / 130.5 / 125.9 with 2 / 4 / 8; small grids lose with streaming
+#: (`64,4096,256,8` at 64 tokens: 16.0 us unstreamed, 19.1 at 3 row blocks per CTA), which this target keeps unstreamed
+STREAM_CTAS = 3072
 
 
 def stream_row_blocks(cfg, n: int, k: int, max_tiles: int, num_splits: int) -> int:

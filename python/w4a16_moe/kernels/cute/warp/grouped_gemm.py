@@ -404,33 +404,75 @@ class WarpW4A16GroupedGemm:
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
 
-        # prologue: S - 1 tiles in flight
-        for s in cutlass.range_constexpr(S - 1):
-            if s < nk * nrb:
-                self._issue(s, s, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT, nk)
-            ptx.cp_async_commit()
-        n_seq = nk * nrb
-        for it in cutlass.range(n_seq, unroll=1):
-            ptx.cp_async_wait(S - 2)
-            cute.arch.sync_threads()
-            nxt = it + (S - 1)
-            if nxt < n_seq:
-                self._issue(nxt, nxt % S, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT, nk)
-            ptx.cp_async_commit()
-            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
-            if const_expr(self.stream):
-                if (it + 1) % nk == 0:
-                    if it + 1 < n_seq:  # a row block done, more to come: store it from the stage just consumed
-                        self._row_epilogue(tidx, acc, buf + (it % S) * self.stage_bytes, (it + 1) // nk - 1,
-                                           epi_args)
+        issue = (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
+        if const_expr(self.stream):
+            if nrb > 1:
+                self._stream_loop(acc, issue, nk, nrb, buf, warp, lane, epi_args)
+            else:
+                self._loop(acc, issue, nk, buf, warp, lane)
+        else:
+            self._loop(acc, issue, nk, buf, warp, lane)
         ptx.cp_async_wait(0)
         cute.arch.sync_threads()
         return acc
 
     @cute.jit
-    def _issue(self, it, stage, tidx, w_base, act_base, src_off, dst_off, policy, buf, P: cutlass.Constexpr,
-               NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr, nk):
-        """cp.async of stream stage ``it`` (weight chunk ``it``, activations of K tile ``it % nk``) into ring stage
+    def _loop(self, acc, issue, nk, buf, warp, lane):
+        """The ``nk`` K tiles of one row block (stage ``it`` = chunk ``it``, activations of K tile ``it``)."""
+        S = self.S
+        # prologue: S - 1 tiles in flight
+        for s in cutlass.range_constexpr(S - 1):
+            if s < nk:
+                self._issue(s, s, s, *issue)
+            ptx.cp_async_commit()
+        for it in cutlass.range(nk, unroll=1):
+            ptx.cp_async_wait(S - 2)
+            cute.arch.sync_threads()
+            nxt = it + (S - 1)
+            if nxt < nk:
+                self._issue(nxt, nxt % S, nxt, *issue)
+            ptx.cp_async_commit()
+            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
+
+    @cute.jit
+    def _stream_loop(self, acc, issue, nk, nrb, buf, warp, lane, epi_args):
+        """``nrb`` row blocks x ``nk`` K tiles as one sequence (stage ``q`` = chunk ``q``, activations of K tile
+        ``q % nk``, tracked with counters: no run-time division per stage); every row block but the last is
+        stored from the stage its last K tile was consumed from (:meth:`_row_epilogue`)."""
+        S = self.S
+        n_seq = nk * nrb
+        kt_i = Int32(0)  # K tile of the next stage to issue
+        for s in cutlass.range_constexpr(S - 1):
+            if s < n_seq:
+                self._issue(s, s, kt_i, *issue)
+                kt_i = kt_i + 1
+                if kt_i == nk:
+                    kt_i = Int32(0)
+            ptx.cp_async_commit()
+        kt_c = Int32(0)  # K tile of the stage being computed
+        rb = Int32(0)
+        for it in cutlass.range(n_seq, unroll=1):
+            ptx.cp_async_wait(S - 2)
+            cute.arch.sync_threads()
+            nxt = it + (S - 1)
+            if nxt < n_seq:
+                self._issue(nxt, nxt % S, kt_i, *issue)
+                kt_i = kt_i + 1
+                if kt_i == nk:
+                    kt_i = Int32(0)
+            ptx.cp_async_commit()
+            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
+            kt_c = kt_c + 1
+            if kt_c == nk:
+                kt_c = Int32(0)
+                if it + 1 < n_seq:  # a row block done, more to come: store it from the stage just consumed
+                    self._row_epilogue(issue[0], acc, buf + (it % S) * self.stage_bytes, rb, epi_args)
+                rb = rb + 1
+
+    @cute.jit
+    def _issue(self, it, stage, kt, tidx, w_base, act_base, src_off, dst_off, policy, buf, P: cutlass.Constexpr,
+               NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr):
+        """cp.async of stream stage ``it`` (weight chunk ``it``, activations of K tile ``kt``) into ring stage
         ``stage``."""
         T = self.T
         sbase = buf + stage * self.stage_bytes
@@ -442,9 +484,6 @@ class WarpW4A16GroupedGemm:
             else:
                 if tidx + j * T < P:
                     self._cp_w(dst_w + j * T * 16, src_w + j * T * 16, policy)
-        kt = it
-        if const_expr(self.stream):
-            kt = it % nk
         src_a = act_base + Int64(kt) * (self.BK * 2)
         for j in cutlass.range_constexpr(NIT):
             if const_expr(total % T == 0):
