@@ -5,7 +5,7 @@ data and write its JSON (CPU; no GPU needed).
         --out python/w4a16_moe/kernels/cute/cost_model.json [--revision REV] [--date D]
 
 Each unsplit grouped choice of each row gives two observations (its gate/up and its down GEMM's kernel times);
-per choice and GEMM, the slots ``S`` (132, 264, ..., 660 CTAs) and the coefficients ``a, b, c >= 0`` that
+per choice and GEMM, the slots ``S`` (132, 264, ..., 660 CTAs) and the coefficients ``a, b, c, d >= 0`` that
 minimise the relative squared error are kept (a coefficient that would come out negative is dropped: the model
 must not go below zero on layers outside the sweep). A choice needs observations on at least
 ``--min-rows`` rows; rows outside the layers the family lets the model choose it for
@@ -24,35 +24,47 @@ import numpy as np
 SLOTS = (132, 264, 396, 528, 660)
 
 
-def _rows_per_cta(family: str, tiles: dict) -> tuple:
+def _gemm_shapes(family: str, tiles: dict) -> tuple:
+    """``(rows, stream)`` of the gate/up and the down GEMM of a choice: weight rows per row block, and the warp
+    family's streaming parameters (``{"row_blocks", "k_tile"}``, or None)."""
     from w4a16_moe.formats.schemes import get_scheme
     from w4a16_moe.kernels.cute import registry
 
     fam = registry.get(family)
-    up, down = fam.configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles)
-    return fam.rows_per_cta(up), fam.rows_per_cta(down)
+    out = []
+    for cfg in fam.configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles):
+        stream = None
+        if getattr(cfg, "streams", False):
+            stream = dict(row_blocks=cfg.row_blocks, k_tile=cfg.k_tile)
+        out.append((fam.rows_per_cta(cfg), stream))
+    return tuple(out)
 
 
-def _fit(obs: list, rows: int, tn: int) -> dict:
-    from w4a16_moe.kernels.cute.cost_model import features
+def _fit(obs: list, rows: int, tn: int, stream) -> dict:
+    from w4a16_moe.kernels.cute.cost_model import features, row_blocks
 
     best = None
     y = np.array([o["t"] for o in obs])
+    g = dict(rows=rows, stream=stream)
+    rbc = [row_blocks(g, tn, o["n"], o["k"], o["routes"], o["experts"]) for o in obs]
     for slots in SLOTS:
-        x = np.array([features(rows, tn, o["n"], o["k"], o["tiles"], slots) for o in obs])
-        for keep in ((0, 1, 2), (0, 1), (1, 2), (1,)):
+        x = np.array([features(rows, tn, o["n"], o["k"], o["tiles"], slots, r) for o, r in zip(obs, rbc)])
+        for keep in ((0, 1, 2, 3), (0, 1, 2), (0, 1, 3), (1, 2, 3), (0, 1), (1, 2), (1, 3), (1,)):
             xs = x[:, keep] / y[:, None]
             coef, *_ = np.linalg.lstsq(xs, np.ones_like(y), rcond=None)
             if (coef < 0).any():
                 continue
-            full = np.zeros(3)
+            full = np.zeros(4)
             full[list(keep)] = coef
             err = float(np.sqrt(np.mean((x @ full / y - 1.0) ** 2)))
             if best is None or err < best[0]:
                 best = (err, slots, full)
     err, slots, c = best
-    return dict(slots=slots, rows=rows, a=round(float(c[0]), 4), b=round(float(c[1]), 6), c=round(float(c[2]), 6),
-                rms_rel=round(err, 4), n=len(obs))
+    out = dict(slots=slots, rows=rows, a=round(float(c[0]), 4), b=round(float(c[1]), 6), c=round(float(c[2]), 6),
+               d=round(float(c[3]), 4), rms_rel=round(err, 4), n=len(obs))
+    if stream:
+        out["stream"] = stream
+    return out
 
 
 def main(argv=None) -> int:
@@ -87,8 +99,8 @@ def main(argv=None) -> int:
                 tn = x["tiles"]["tokens_per_tile"]
                 tiles = expected_tiles(t * k, e, tn, k, g if g > e else None)
                 ent = obs.setdefault(name, dict(family=x["family"], tiles=x["tiles"], up=[], down=[]))
-                ent["up"].append(dict(t=ks[-3], n=2 * i, k=h, tiles=tiles))
-                ent["down"].append(dict(t=ks[-2], n=h, k=i, tiles=tiles))
+                ent["up"].append(dict(t=ks[-3], n=2 * i, k=h, tiles=tiles, routes=t * k, experts=e))
+                ent["down"].append(dict(t=ks[-2], n=h, k=i, tiles=tiles, routes=t * k, experts=e))
     if len(devices) != 1:
         raise SystemExit(f"sweeps from more than one device: {sorted(devices)}")
     (device, sms), = devices
@@ -96,9 +108,10 @@ def main(argv=None) -> int:
     for name, ent in sorted(obs.items()):
         if len(ent["up"]) < args.min_rows:
             continue
-        r_up, r_down = _rows_per_cta(ent["family"], ent["tiles"])
+        (r_up, s_up), (r_down, s_down) = _gemm_shapes(ent["family"], ent["tiles"])
         tn = ent["tiles"]["tokens_per_tile"]
-        entries[name] = dict(tokens_per_tile=tn, up=_fit(ent["up"], r_up, tn), down=_fit(ent["down"], r_down, tn))
+        entries[name] = dict(tokens_per_tile=tn, up=_fit(ent["up"], r_up, tn, s_up),
+                             down=_fit(ent["down"], r_down, tn, s_down))
         print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
     out = dict(format=1, device=device, sm_count=sms, revision=args.revision, date=args.date,
                sources=list(args.sweeps), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),

@@ -18,6 +18,8 @@ import pytest
 from w4a16_moe.kernels.cute import cost_model, tiles
 from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+from w4a16_moe.kernels.cute.warp import family as wfam
+from w4a16_moe.formats.schemes import get_scheme
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PERF = os.path.join("docs", "perf")
@@ -146,9 +148,28 @@ def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path):
         assert got[name]["tokens_per_tile"] == e["tokens_per_tile"], name
         for g in ("up", "down"):
             a, b = got[name][g], e[g]
-            assert (a["slots"], a["rows"], a["n"]) == (b["slots"], b["rows"], b["n"]), (name, g)
-            for c in ("a", "b", "c"):
+            assert (a["slots"], a["rows"], a["n"], a.get("stream")) == (b["slots"], b["rows"], b["n"], b.get("stream")), (name, g)
+            for c in ("a", "b", "c", "d"):
                 assert a[c] == pytest.approx(b[c], rel=1e-3, abs=1e-4), (name, g, c)
+
+
+def test_streaming_row_blocks_in_the_model():
+    """The warp entries carry the streaming parameters of their kernels, and the model applies the kernels' rule:
+    a short-K down GEMM of a large grid runs several row blocks per CTA, a long-K one and the gate/up GEMM one."""
+    from w4a16_moe.kernels.cute.warp.config import stream_row_blocks
+
+    entries = cost_model.model()["entries"]
+    warp = {n: e for n, e in entries.items() if n.startswith("warp ")}
+    assert warp
+    for name, e in warp.items():
+        tn = e["tokens_per_tile"]
+        _, down = wfam.gemm_configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic",
+                                    next(t for t in wfam.model_tiles() if t["tokens_per_tile"] == tn))
+        assert (e["down"].get("stream") is not None) == down.streams, name
+        for n, k, r, ex in ((7168, 256, 512 * 8, 384), (7168, 2048, 512 * 8, 384), (4096, 256, 64 * 8, 64)):
+            mt = wfam.max_tiles(r, ex, tn)
+            assert cost_model.row_blocks(e["down"], tn, n, k, r, ex) == stream_row_blocks(down, n, k, mt, 1), name
+        assert cost_model.row_blocks(e["up"], tn, 512, 7168, 512 * 8, 384) == 1
 
 
 # ------------------------------------------------------------------------------------------ tiles and splits

@@ -2,17 +2,21 @@
 family picks the tiles of a call nobody tuned (host side, no DSL import).
 
 Each GEMM of a choice (gate/up: N = 2I or I, K = H; down: N = H, K = I) is a grid of CTAs, each streaming
-``rows`` weight rows x K of one expert for one token tile; every token tile re-reads its expert's weights.
-With ``tiles`` the expected token tiles of the call (:func:`.tiles.expected_tiles`: uniform routing, the
-expert-parallel hint's expected local routes), ``ctas = N / rows * tiles`` and ``waves = ceil(ctas / S)``::
+``rbc`` row blocks of ``rows`` weight rows x K of one expert for one token tile; every token tile re-reads its
+expert's weights. With ``tiles`` the expected token tiles of the call (:func:`.tiles.expected_tiles`: uniform
+routing, the expert-parallel hint's expected local routes), ``ctas = cdiv(N / rows, rbc) * tiles`` and
+``waves = ceil(ctas / S)``::
 
-    t_gemm = a + b * max(W, waves * S * rows * K / 2) / 1e6 + c * waves * TN * rows / 1e3   [us]
+    t_gemm = a + b * max(W, waves * S * rbc * rows * K / 2) / 1e6 + c * waves * TN * rbc * rows / 1e3 + d * waves  [us]
 
 ``W = tiles * N * K / 2`` is the 4-bit weight bytes streamed with re-reads; the ``max`` charges a partial
-wave as a full one (fewer CTAs than ``S`` slots leave SMs idle); the last term is the epilogue (outputs of a
-wave). ``S``, ``a``, ``b``, ``c`` are fitted per choice and GEMM on the H200 (``scripts/fit_cost_model.py``
-over the ``sweep_tiles.py --kernels`` data of docs/perf/2026-12-01-epilogue-t24; ``S`` scales with the SM
-count). The model predicts the unsplit GEMMs; the family's split-K rule runs after it.
+wave as a full one (fewer CTAs than ``S`` slots leave SMs idle); the third term is the epilogue (outputs of a
+wave), the last one each wave's fixed latency (a CTA's expert search, first loads and last stores: what a
+short-K grid of small CTAs pays per wave). ``rbc`` is 1 except for the warp family's row-block streaming
+(:func:`.warp.config.stream_row_blocks`, from the entry's ``stream`` = its ``row_blocks`` and ``k_tile``).
+``S``, ``a``, ``b``, ``c``, ``d`` are fitted per choice and GEMM on the H200 (``scripts/fit_cost_model.py`` over
+``sweep_tiles.py --kernels`` data, see ``cost_model.json``'s ``sources``; ``S`` scales with the SM count; an
+entry without ``d`` has none). The model predicts the unsplit GEMMs; the family's split-K rule runs after it.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Iterable, Optional
 
 from . import tiles as tiles_rule
 
-__all__ = ["MODEL_PATH", "model", "features", "gemm_us", "predict_us", "best"]
+__all__ = ["MODEL_PATH", "model", "features", "row_blocks", "gemm_us", "predict_us", "best"]
 
 MODEL_PATH = os.path.join(os.path.dirname(__file__), "cost_model.json")
 #: the SM count the model's slots were fitted at (the H200)
@@ -47,21 +51,37 @@ def model(path: str = MODEL_PATH) -> dict:
     return data
 
 
-def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int) -> tuple:
-    """The model's terms ``(1, max(W, waves * S * rows * K / 2) / 1e6, waves * TN * rows / 1e3)`` of one GEMM of
-    ``n`` x ``k`` over ``tiles`` expected token tiles of ``tn`` tokens, ``rows`` weight rows per CTA and ``slots``
-    CTAs per wave (what :func:`gemm_us` weighs with ``a, b, c`` and ``scripts/fit_cost_model.py`` fits)."""
-    ctas = max(1, n // rows) * max(1, math.ceil(tiles - 1e-6))
+def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int, rbc: int = 1) -> tuple:
+    """The model's terms ``(1, max(W, waves * S * rbc * rows * K / 2) / 1e6, waves * TN * rbc * rows / 1e3,
+    waves)`` of one GEMM of ``n`` x ``k`` over ``tiles`` expected token tiles of ``tn`` tokens, ``rows`` weight
+    rows per row block, ``rbc`` row blocks per CTA and ``slots`` CTAs per wave (what :func:`gemm_us` weighs with
+    ``a, b, c, d`` and ``scripts/fit_cost_model.py`` fits)."""
+    ctas = max(1, -(-max(1, n // rows) // rbc)) * max(1, math.ceil(tiles - 1e-6))
     waves = -(-ctas // slots)
     w = tiles * n * k / 2
-    return 1.0, max(w, waves * slots * rows * k / 2) / 1e6, waves * tn * rows / 1e3
+    return 1.0, max(w, waves * slots * rbc * rows * k / 2) / 1e6, waves * tn * rbc * rows / 1e3, float(waves)
 
 
-def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_SM_COUNT) -> float:
+def row_blocks(g: dict, tn: int, n: int, k: int, num_routes: int, num_experts: int) -> int:
+    """Row blocks per CTA of a GEMM entry ``g`` on a call: the warp family's streaming rule where the entry has
+    ``stream`` (``{"row_blocks", "k_tile"}``), else 1."""
+    st = g.get("stream")
+    if not st:
+        return 1
+    from .warp.config import STREAM_CTAS, STREAM_MAX_K_TILES
+
+    if k // st["k_tile"] > STREAM_MAX_K_TILES:
+        return 1
+    max_tiles = -(-num_routes // tn) + min(num_experts, num_routes)
+    return max(1, min((n // g["rows"]) * max_tiles // STREAM_CTAS, st["row_blocks"]))
+
+
+def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_SM_COUNT, rbc: int = 1) -> float:
     """Predicted microseconds of one GEMM (fields of one ``up`` / ``down`` entry) of ``n`` x ``k`` over
-    ``tiles`` expected token tiles of ``tn`` tokens."""
-    one, wbytes, epi = features(g["rows"], tn, n, k, tiles, max(1, round(g["slots"] * sm_count / FIT_SM_COUNT)))
-    return max(0.5, g["a"] * one + g["b"] * wbytes + g["c"] * epi)
+    ``tiles`` expected token tiles of ``tn`` tokens, ``rbc`` row blocks per CTA."""
+    slots = max(1, round(g["slots"] * sm_count / FIT_SM_COUNT))
+    one, wbytes, epi, waves = features(g["rows"], tn, n, k, tiles, slots, rbc)
+    return max(0.5, g["a"] * one + g["b"] * wbytes + g["c"] * epi + g.get("d", 0.0) * waves)
 
 
 def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
@@ -75,7 +95,10 @@ def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, interm
     tn = e["tokens_per_tile"]
     t = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
     n13 = 2 * intermediate if gated else intermediate
-    return (gemm_us(e["up"], tn, n13, hidden, t, sm_count) + gemm_us(e["down"], tn, hidden, intermediate, t, sm_count))
+    up, down = e["up"], e["down"]
+    r_up = row_blocks(up, tn, n13, hidden, num_routes, num_experts)
+    r_down = row_blocks(down, tn, hidden, intermediate, num_routes, num_experts)
+    return (gemm_us(up, tn, n13, hidden, t, sm_count, r_up) + gemm_us(down, tn, hidden, intermediate, t, sm_count, r_down))
 
 
 def best(names: Iterable[str], num_routes: int, num_experts: int, hidden: int, intermediate: int,

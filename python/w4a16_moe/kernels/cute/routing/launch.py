@@ -41,9 +41,9 @@ from .config import RoutingConfig
 __all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "SMALL_ROUTES", "configs_for",
            "warm", "pdl_supported", "num_row_blocks"]
 
-#: routes up to which the single-CTA preparation is used; above it the two-kernel path (hist + place), which is
-#: as fast at 2048 routes and twice as fast at 4096 (H200, 128-384 experts, top-8: 9.5-9.9 us against 4.9-5.6;
-#: docs/perf/2026-12-01-row-streaming). The Triton path keeps its own threshold.
+#: routes up to which the single-CTA preparation is used; above it the two-kernel path (hist + place). H200,
+#: 128-384 experts, top-8 (docs/perf/2026-12-01-row-streaming): one CTA is 1.0-1.4 us faster at 1024 routes,
+#: 0.2-0.3 us slower at 2048, and at 4096 takes 9.5-9.9 us against 4.9-5.6. The Triton path keeps its own.
 SMALL_ROUTES = 2048
 _CHUNK = 1024  # span granularity of the two-kernel path
 _MAX_PROGRAMS = 128  # CTAs of the two-kernel path (each place CTA reads every histogram row)
