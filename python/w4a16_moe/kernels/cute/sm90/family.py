@@ -250,8 +250,7 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
 
 @functools.lru_cache(maxsize=4096)
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
-    tiles = {k: v for k, v in tiles_items if not k.startswith("down_")}
-    down_tiles = _down_tiles(tiles_items)
+    tiles, down_tiles = _split_tiles(tiles_items)
     base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4)
     up = kernel_config(mode="gate_up", activation=activation, bias=bias, **base, **tiles)
     det = finalize == "deterministic"
@@ -260,10 +259,11 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=
     return up, down
 
 
-def _down_tiles(tiles_items) -> dict:
-    """The down GEMM's tile fields of a choice: its fields, with each ``down_<field>`` in place of ``<field>``."""
+def _split_tiles(tiles_items) -> tuple:
+    """``(gate/up fields, down fields)`` of a choice's tile items: the down GEMM's are its fields with each
+    ``down_<field>`` in place of ``<field>``."""
     tiles = {k: v for k, v in tiles_items if not k.startswith("down_")}
-    return dict(tiles, **{k[5:]: v for k, v in tiles_items if k.startswith("down_")})
+    return tiles, dict(tiles, **{k[5:]: v for k, v in tiles_items if k.startswith("down_")})
 
 
 #: the tuner's / profiler's / GPU tests' override of the choice (:func:`.overrides.forced`)
@@ -426,7 +426,7 @@ def in_model_domain(family: str, tiles: dict, intermediate: int) -> bool:
     rows). Every other choice is in the domain."""
     if family != "sm90":
         return True
-    down = kernel_config(mode="down", **_down_tiles(tiles.items()))
+    down = kernel_config(mode="down", **_split_tiles(tiles.items())[1])
     if down.row_blocks_per_cta <= 1:
         return True
     return -(-intermediate // down.k_tile) <= (down.b_slots or down.stages)
