@@ -27,6 +27,7 @@ __all__ = [
     "packed_mul",
     "hfma2",
     "pack2_16",
+    "half_to_f32",
     "i32_as_f32",
     # matrix instructions
     "mma_16816",
@@ -206,6 +207,17 @@ def pack2_16(lo, hi, is_bf16: bool, *, loc=None, ip=None) -> Int32:
         has_side_effects=False, loc=loc, ip=ip,
     )
     return Int32(r)
+
+
+@dsl_user_op
+def half_to_f32(bits, hi: bool, is_bf16: bool, *, loc=None, ip=None) -> Float32:
+    """The low (``hi=False``) or high 16 bits of ``bits`` (bf16 / f16) as an exact FP32 value."""
+    if is_bf16:
+        asm = "and.b32 $0, $1, 0xffff0000;" if hi else "shl.b32 $0, $1, 16;"
+    else:
+        asm = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, " + ("hi" if hi else "lo") + "; }"
+    r = llvm.inline_asm(T.f32(), [_i32(bits, loc, ip)], asm, "=f,r", has_side_effects=False, loc=loc, ip=ip)
+    return Float32(r)
 
 
 @dsl_user_op

@@ -38,6 +38,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import ptx
+from ..common.ptx import half_to_f32
 from .config import RoutingConfig
 
 __all__ = ["RoutePrepSingle", "RouteHist", "RoutePlace", "MaskedRoutePrep", "Finalize", "kernel_class",
@@ -131,17 +132,6 @@ def fma_rn(a, b, c, *, loc=None, ip=None) -> Float32:
 def add_rn(a, b, *, loc=None, ip=None) -> Float32:
     r = llvm.inline_asm(T.f32(), [Float32(a).ir_value(loc=loc, ip=ip), Float32(b).ir_value(loc=loc, ip=ip)],
                         "add.rn.f32 $0, $1, $2;", "=f,f,f", has_side_effects=False, loc=loc, ip=ip)
-    return Float32(r)
-
-
-@dsl_user_op
-def half_to_f32(bits, hi: bool, is_bf16: bool, *, loc=None, ip=None) -> Float32:
-    """The low (``hi=False``) or high 16 bits of ``bits`` (bf16 / f16) as an exact FP32 value."""
-    if is_bf16:
-        asm = "and.b32 $0, $1, 0xffff0000;" if hi else "shl.b32 $0, $1, 16;"
-    else:
-        asm = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, " + ("hi" if hi else "lo") + "; }"
-    r = llvm.inline_asm(T.f32(), [_i32(bits, loc, ip)], asm, "=f,r", has_side_effects=False, loc=loc, ip=ip)
     return Float32(r)
 
 

@@ -120,8 +120,6 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import ptx
 from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_bias,
@@ -153,18 +151,6 @@ def arch_major(arch: str) -> int:
 
 def smem_limit(arch: str) -> int:
     return _SMEM_LIMIT.get(arch_major(arch), 99 * 1024)
-
-
-@dsl_user_op
-def _scale_f32(bits, hi: bool, is_bf16: bool, *, loc=None, ip=None) -> Float32:
-    """The low (``hi=False``) or high 16-bit scale of ``bits`` (bf16 / f16) as an exact FP32 value."""
-    if is_bf16:
-        asm = "and.b32 $0, $1, 0xffff0000;" if hi else "shl.b32 $0, $1, 16;"
-    else:
-        asm = "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $1; cvt.f32.f16 $0, " + ("hi" if hi else "lo") + "; }"
-    r = llvm.inline_asm(T.f32(), [Int32(bits).ir_value(loc=loc, ip=ip)], asm, "=f,r", has_side_effects=False,
-                        loc=loc, ip=ip)
-    return Float32(r)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -545,8 +531,8 @@ class WarpW4A16GroupedGemm:
         sf_lo, sf_hi = [], []
         if const_expr(acc_scale):  # FP32 row scales (rows lane // 4 and lane // 4 + 8) per group
             for m in cutlass.range_constexpr(MW):
-                sf_lo.append([_scale_f32(v, False, is_bf16) for v in s_words[m]])
-                sf_hi.append([_scale_f32(v, True, is_bf16) for v in s_words[m]])
+                sf_lo.append([ptx.half_to_f32(v, False, is_bf16) for v in s_words[m]])
+                sf_hi.append([ptx.half_to_f32(v, True, is_bf16) for v in s_words[m]])
         part = [[None] * NB8 for _ in range(MW)]  # the current group's partial sums (acc_scale)
         zero = Float32(0.0)
         for kb2 in cutlass.range_constexpr(KB // 2):
