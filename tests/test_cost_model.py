@@ -24,10 +24,12 @@ from w4a16_moe.formats.schemes import get_scheme
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PERF = os.path.join("docs", "perf")
 #: the sweeps the shipped model is fitted on (paths relative to the checkout, as the model's "sources" name them)
-FIT = [os.path.join(PERF, "2026-12-01-epilogue-t24", f) for f in ("sweep_int4_g128.json", "sweep_int4_g128_short_k.json")]
+FIT = [os.path.join(PERF, "2026-12-01-row-streaming", f)
+       for f in ("sweep_int4_g128.json", "sweep_short_k_a.json", "sweep_short_k_b.json", "sweep_short_k_c.json")]
 #: sweeps the model never saw: at the fit's revision, and two at earlier revisions (their kernels' down GEMMs
 #: loaded route ids in the store loop, docs/perf/2026-12-01-epilogue-t24)
-HELD = [os.path.join(ROOT, PERF, "2026-12-01-epilogue-t24", "heldout_int4_g128.json"),
+HELD = [os.path.join(ROOT, PERF, "2026-12-01-row-streaming", "heldout_int4_g128.json"),
+        os.path.join(ROOT, PERF, "2026-12-01-epilogue-t24", "heldout_int4_g128.json"),
         os.path.join(ROOT, PERF, "2026-12-01-cost-model", "heldout_int4_g128.json"),
         os.path.join(ROOT, PERF, "2026-12-01-selection", "sweep.json")]
 
