@@ -374,6 +374,7 @@ def test_autotune_one_small_layer_on_the_gpu():
         assert nrmse(out, w4a16_moe.reference_moe(x, w, tw, ids)) < 0.02
 
 
+@pytest.mark.usefixtures("tuned_rows_current")
 def test_plan_notes_say_where_a_choice_came_from():
     assert provider.plan(_call(2048), H200).note == "tuned row T=2048"  # W1: the tuned table
     assert "tuned bound 128 routes" in provider.plan(_call(4), H200).note

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SCRIPT = textwrap.dedent("""
     import sys
     sys.modules["cutlass"] = None          # any `import cutlass` now raises ImportError
@@ -48,6 +50,7 @@ def test_runtime_path_imports_no_cutlass(tmp_path):
     assert r.stdout.startswith("ok sm90_w4a16_gemm")
 
 
+@pytest.mark.usefixtures("tuned_rows_current")
 def test_tuned_rows_can_name_the_warp_family(monkeypatch):
     """On SM90 a tuned-table row may hand a layer shape to the warp-MMA family (same arch, same ABI): the
     plan names that family."""

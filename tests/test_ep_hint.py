@@ -91,6 +91,7 @@ def test_deepseek_ep8_rules_with_the_hint():
         assert tuple(got) == want, t
 
 
+@pytest.mark.usefixtures("tuned_rows_current")
 def test_deepseek_ep8_tuned_rows_serve_hinted_calls_through_their_ep_key():
     # the tuner measured those rows on the EP8 routing (256 global experts): the table holds them under both
     # keys, so a hinted call selects what an unhinted one selected before the hint existed

@@ -116,6 +116,7 @@ def _decode_expected(r) -> bool:
 
 
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+@pytest.mark.usefixtures("tuned_rows_current")
 def test_routed_plans_match_the_recorded_choices(finalize):
     ruled = 0
     for r in ROUTED:
@@ -264,3 +265,63 @@ def test_candidate_names_are_stable_and_distinct():
     assert len(set(names)) == len(names)
     assert tuned.candidate_name(fam.TILES[0][1]) == "t8_x2_k64_s4_w1_o4"
     assert fam.candidate(names[70]) == fam.CANDIDATES[70] == fam.candidate(70)
+
+
+def _running():
+    from w4a16_moe.kernels.cute.autotune_store import running_versions
+
+    return running_versions()
+
+
+def test_a_row_is_current_only_on_the_kernel_sources_it_was_timed_on():
+    run = _running()
+    mine = ("source:sm90", run["source:sm90"])
+    assert tuned.is_current((mine,), "sm90", run)
+    assert tuned.is_current((mine, ("source:warp", run["source:warp"])), "sm90", run)
+    assert not tuned.is_current((), "sm90", run)  # no source recorded: rows written before sources were
+    assert not tuned.is_current((("source:warp", run["source:warp"]),), "sm90", run)  # not the family it names
+    assert not tuned.is_current((("source:sm90", "0" * 16),), "sm90", run)  # other sources
+    assert not tuned.is_current((mine, ("source:decode", "0" * 16)), "sm90", run)  # one other source
+    assert tuned.source_hashes({"torch": "2.11", "source:warp": "ab", "source:sm90": "cd"}) == (
+        ("source:sm90", "cd"), ("source:warp", "ab"))
+    assert tuned.source_hashes(None) == ()
+
+
+def test_the_shipped_rows_are_not_used_on_these_kernels(_kernels_anywhere, caplog):
+    """The packaged rows were timed before the tuner recorded kernel sources (and on older kernels): selection
+    reads none of them, logs that once per key, and the cost model decides on their layers."""
+    import logging
+
+    assert fam._tuned_table() and fam._tuned_decode()  # the rows are there (and checked when read)
+    fam._STALE_LOGGED.clear()
+    with caplog.at_level(logging.INFO, logger="w4a16_moe"):
+        assert fam._selection_rows() == {} and fam._selection_decode() == {}
+        fam._selection_rows()
+    logged = [m for m in caplog.messages if "not timed on the running kernel sources" in m]
+    assert len(logged) == 1 and all(k in logged[0] for k in fam._tuned_table()), logged
+    for layer in ("W1", "W2"):
+        assert fam.decode_bound(REC["layers"][layer]["gpu"], *(REC["layers"][layer][f] for f in ("e", "h", "i")),
+                                REC["layers"][layer]["scheme"], REC["layers"][layer]["dt"], REC["layers"][layer]["k"]) is None
+        for t in (32, 512, 2048):
+            p = provider.plan(_routed(layer, t, "deterministic"), _info(layer))
+            assert p.decode or p.note.startswith("cost model: ~"), (layer, t, p.note)
+
+
+def test_a_key_with_one_row_from_other_sources_is_left_out_whole(monkeypatch):
+    run = _running()
+    ok = (("source:sm90", run["source:sm90"]),)
+    row = lambda t, src: tuned.TunedRow(t, "sm90", "c", (), None, src)  # noqa: E731
+    table = {"A": (row(1, ok), row(64, ok)), "B": (row(1, ok), row(64, (("source:sm90", "0" * 16),))), "C": (row(1, ()),)}
+    monkeypatch.setattr(fam, "_tuned_table", lambda path=None: table)
+    monkeypatch.setattr(fam, "_tuned_decode", lambda path=None: {"A": {"max_routes": 8, "versions": {"source:decode": run["source:decode"]}},
+                                                                 "B": {"max_routes": 8, "versions": {}}})
+    rows, decode = fam._current()
+    assert list(rows) == ["A"] and list(decode) == ["A"]
+
+
+def test_the_tuner_records_the_kernel_sources():
+    from w4a16_moe.bench import run as bench_run
+
+    got = bench_run._source_hashes()
+    assert got and got == {k: v for k, v in _running().items() if k.startswith("source:")}
+    assert {"source:sm90", "source:warp", "source:decode"} <= set(got)

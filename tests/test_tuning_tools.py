@@ -84,6 +84,7 @@ def test_merge_script_round_trip(tmp_path):
     assert json.loads(table.read_text())["entries"][KEY] == [_row(8, c9, 1)]  # the table is left as it was
 
 
+@pytest.mark.usefixtures("tuned_rows_current")
 def test_tuned_decode_lookups(monkeypatch):
     data = {KEY: {"max_routes": 32, "knobs": [[1, "w16u4/w16u2"], [4, "w4u8/w4u4"]]}}
     monkeypatch.setattr(fam, "_tuned_decode", lambda path=None: data)

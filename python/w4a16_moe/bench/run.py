@@ -242,10 +242,18 @@ def _meta(wl: Workload, device_name: Optional[str] = None) -> dict:
         "versions": {
             "w4a16_moe": __version__, "torch": torch.__version__, "triton": ver("triton"),
             "nvidia-cutlass-dsl": ver("nvidia-cutlass-dsl"), "python": platform.python_version(),
-            "cuda": torch.version.cuda,
+            "cuda": torch.version.cuda, **_source_hashes(),
         },
         "timing": "triton.testing.do_bench_cudagraph(fn, rep=150); 3 samples per provider in alternating order; median",
     }
+
+
+def _source_hashes() -> dict:
+    """``{"source:<family>": hash}`` of every registered kernel family: what a tuned-table row must match to be
+    used (:func:`w4a16_moe.kernels.cute.sm90.tuned.is_current`)."""
+    from ..kernels.cute.autotune_store import running_versions
+
+    return {k: v for k, v in running_versions().items() if k.startswith("source:")}
 
 
 def _git_revision() -> Optional[str]:

@@ -299,14 +299,40 @@ def _tuned_decode(path: str = TUNED_PATH) -> dict:
     return _table(path).decode
 
 
+#: tuned-table keys already logged as not timed on the running kernel sources
+_STALE_LOGGED: set = set()
+
+
+def _current() -> tuple:
+    """``(rows, decode)`` of the tuned table that were timed on the running kernel sources
+    (:func:`~.tuned.is_current`); a key with any other row is left out whole (its rows were tuned together),
+    and what is left out is logged once per key (INFO)."""
+    from ..autotune_store import running_versions
+
+    run, entries, dec = running_versions(), _tuned_table(), _tuned_decode()
+    rows = {k: v for k, v in entries.items() if all(tuned.is_current(r.sources, r.family, run) for r in v)}
+    decode = {k: e for k, e in dec.items() if tuned.is_current(tuned.source_hashes(e.get("versions")), "decode", run)}
+    stale = [k for k in entries if k not in rows] + [f"{k} (decode)" for k in dec if k not in decode]
+    new = [k for k in stale if k not in _STALE_LOGGED]
+    if new:
+        from ....log import logger
+
+        _STALE_LOGGED.update(new)
+        logger.info("tuned table: not timed on the running kernel sources, so not used (the cost model and the "
+                    "rules decide there; `python -m w4a16_moe tune` re-measures): %s", "; ".join(new))
+    return rows, decode
+
+
 def _selection_rows() -> dict:
-    """The tuned table's tile rows selection reads (none with ``W4A16_MOE_TUNED_TABLE=0``)."""
-    return _tuned_table() if settings.get().tuned_table else {}
+    """The tuned table's tile rows selection reads: those timed on the running kernel sources (none with
+    ``W4A16_MOE_TUNED_TABLE=0``)."""
+    return _current()[0] if settings.get().tuned_table else {}
 
 
 def _selection_decode() -> dict:
-    """The tuned table's decode entries selection reads (none with ``W4A16_MOE_TUNED_TABLE=0``)."""
-    return _tuned_decode() if settings.get().tuned_table else {}
+    """The tuned table's decode entries selection reads: those timed on the running kernel sources (none with
+    ``W4A16_MOE_TUNED_TABLE=0``)."""
+    return _current()[1] if settings.get().tuned_table else {}
 
 
 def decode_bound(gpu: str, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: str,

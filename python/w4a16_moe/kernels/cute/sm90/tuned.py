@@ -14,7 +14,10 @@ expert-parallel rank, what calls with the ``global_num_experts`` hint look up). 
 :func:`candidate_name` (derived from the tile dict, so reordering a family's candidate list changes no row);
 a call uses the row with the largest token count <= its own. The table is checked when it is read: a row
 naming an unknown candidate (or family, or lacking a field) raises ``ValueError`` naming the key and the row,
-and rows measured with other package versions than the running ones are logged (info).
+and rows measured with other package versions than the running ones are logged (info). Selection reads a key's
+rows (and a decode entry) only where they were timed on the running kernel sources (:func:`is_current`: the
+``source:<family>`` hashes the tuner records in ``versions``); a key with a row timed on other sources, or on
+sources it did not record, is ignored as a whole and its calls take the cost model and the rules.
 This module imports neither torch nor the DSL.
 """
 
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 __all__ = ["TUNED_PATH", "FORMAT", "ROW_FIELDS", "TunedRow", "TunedTable", "candidate_name", "tuned_key", "load",
-           "running_versions", "dumps"]
+           "running_versions", "source_hashes", "is_current", "dumps"]
 
 TUNED_PATH = os.path.join(os.path.dirname(__file__), "tuned.json")
 FORMAT = 2
@@ -82,6 +85,8 @@ class TunedRow:
     candidate: str
     tiles: tuple
     splits: Optional[int]
+    #: the ``source:<family>`` hashes of the row's ``versions`` (sorted items): the kernel sources it was timed on
+    sources: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -134,7 +139,25 @@ def _check_row(key: str, i: int, row, candidates: Mapping) -> TunedRow:
     sp = row["splits"]
     if not isinstance(row["tokens"], int) or row["tokens"] < 1 or not (sp is None or isinstance(sp, int) and sp >= 1):
         raise ValueError(f"{where}: tokens must be a positive int and splits null or a positive int")
-    return TunedRow(row["tokens"], fam, row["candidate"], tuple(sorted(tiles.items())), sp)
+    return TunedRow(row["tokens"], fam, row["candidate"], tuple(sorted(tiles.items())), sp,
+                    source_hashes(row.get("versions")))
+
+
+def source_hashes(versions) -> tuple:
+    """The ``source:<family>`` items of a row's ``versions`` (sorted; empty when it records none)."""
+    if not isinstance(versions, Mapping):
+        return ()
+    return tuple(sorted((k, v) for k, v in versions.items() if k.startswith("source:")))
+
+
+def is_current(sources, family: str, running: Mapping) -> bool:
+    """Whether a row (or decode entry) with ``sources`` (:func:`source_hashes`) was timed on the kernels that
+    run now: it records the source hash of the ``family`` it names, and every source hash it records equals
+    the running one (``running``: the autotune store's :func:`~..autotune_store.running_versions`)."""
+    have = dict(sources)
+    if f"source:{family}" not in have:
+        return False
+    return all(running.get(k) == v for k, v in have.items())
 
 
 def _log_versions(table: dict, path: str) -> None:
