@@ -63,17 +63,19 @@ def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int, rbc: 
 
 
 def row_blocks(g: dict, tn: int, n: int, k: int, num_routes: int, num_experts: int) -> int:
-    """Row blocks per CTA of a GEMM entry ``g`` on a call: the warp family's streaming rule where the entry has
+    """Row blocks per CTA of a GEMM entry ``g`` on a call: the warp kernels' own rule
+    (:func:`.warp.config.stream_row_blocks`, unsplit, over the launch's token-tile bound) where the entry has
     ``stream`` (``{"row_blocks", "k_tile"}``), else 1."""
     st = g.get("stream")
     if not st:
         return 1
-    from .warp.config import STREAM_CTAS, STREAM_MAX_K_TILES
+    from types import SimpleNamespace
 
-    if k // st["k_tile"] > STREAM_MAX_K_TILES:
-        return 1
-    max_tiles = -(-num_routes // tn) + min(num_experts, num_routes)
-    return max(1, min((n // g["rows"]) * max_tiles // STREAM_CTAS, st["row_blocks"]))
+    from .warp.config import stream_row_blocks
+    from .warp.family import max_tiles
+
+    cfg = SimpleNamespace(streams=True, row_blocks=st["row_blocks"], k_tile=st["k_tile"], rows_per_cta=g["rows"])
+    return stream_row_blocks(cfg, n, k, max_tiles(num_routes, num_experts, tn), 1)
 
 
 def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_SM_COUNT, rbc: int = 1) -> float:
