@@ -122,9 +122,13 @@ def test_split_k_counts_the_expected_local_experts():
     from w4a16_moe.kernels.cute.warp import family as warp
 
     wup, _ = warp.gemm_configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "fused", warp.TILES[0][1])
-    # BK 128: K = 7168 has 56 K tiles, so both stop at 4 splits (12 K tiles each at least); K = 14336 does not
-    assert warp.num_splits(512, 7168, wup, 64, 32, 132, 8, 256) == warp.num_splits(512, 7168, wup, 64, 32, 132) == 4
-    assert warp.num_splits(512, 14336, wup, 64, 32, 132, 8, 256) == 8 > warp.num_splits(512, 14336, wup, 64, 32, 132)
+    # BK 128, N = 2048 (7.3 MB per expert at K = 7168): 16 row blocks x ~27.6 tiles = 448 CTAs -> 2 splits; with
+    # the hint ~7.2 tiles: 112 CTAs -> 5 splits, of which K = 7168 (56 K tiles, 12 each at least) keeps 4
+    assert warp.num_splits(2048, 7168, wup, 64, 32, 132) == 2
+    assert warp.num_splits(2048, 7168, wup, 64, 32, 132, 8, 256) == 4
+    assert warp.num_splits(2048, 14336, wup, 64, 32, 132, 8, 256) == 5
+    # an expert of less than SPLIT_MIN_EXPERT_BYTES (512 x 7168 / 2 = 1.8 MB) never splits, however small the grid
+    assert warp.num_splits(512, 7168, wup, 64, 32, 132, 8, 256) == warp.num_splits(512, 7168, wup, 8, 32, 132) == 1
 
 
 # ------------------------------------------------------------------------------------------------ the rules

@@ -354,9 +354,11 @@ def test_tile_selection_and_splits():
     assert fam.select_tiles(32 * 8 * 16, 16)["tokens_per_tile"] == 64
     up, down = fam.gemm_configs(get_scheme("int4_g32"), "bf16", "swiglu", True, "fused", fam.select_tiles(8, 384))
     assert up.gated and down.epi == "atomic_f32" and up.tokens_per_tile == down.tokens_per_tile
-    # W1 decode (E=384, H=7168, I=256, top-8, 1 token): gate_up gets split-K, down does not
-    assert fam.num_splits(512, 7168, up, 8, 384) > 1
+    # W1 decode (E=384, H=7168, I=256, top-8, 1 token): small experts (1.8 MB of gate/up weights) never split;
+    # Llama-4 Scout's down GEMM (N = 5120, K = 8192: 21 MB per expert) at 8 routes on 16 experts does
+    assert fam.num_splits(512, 7168, up, 8, 384) == 1
     assert fam.num_splits(7168, 256, down, 8, 384) == 1
+    assert fam.num_splits(5120, 8192, down, 8, 16) > 1
     for r in (1, 8, 64, 5000):
         for tn in (8, 64):
             assert fam.max_tiles(r, 16, tn) >= -(-r // tn)
@@ -404,8 +406,11 @@ def test_row_block_streaming_rule():
     sch = get_scheme("int4_g128")
     tiles = {t["tokens_per_tile"]: t for t in fam.model_tiles(sch)}
     for tn in (8, 16, 24, 32):  # the buckets up to TN 32 and the TN 24 model tile stream; TN 64 (BK 64) does not
-        _, down = fam.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", tiles[tn])
+        up, down = fam.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", tiles[tn])
         assert down.streams and down.row_blocks == 8, down.name()
+        # gate/up (K = the hidden size) is built without the streaming loop, even where K is short
+        assert fam.UP_ROW_BLOCKS == 1 and up.row_blocks == 1 and not up.streams, up.name()
+        assert stream_row_blocks(up, 2 * 256, 512, 10**4, 1) == 1
         # Kimi-K2 TP8 down GEMM (N = H = 7168, K = I = 256) at 512 tokens: 56 row blocks x max_tiles
         mt = fam.max_tiles(512 * 8, 384, tn)
         assert stream_row_blocks(down, 7168, 256, mt, 1) == min(8, 56 * mt // STREAM_CTAS) > 1

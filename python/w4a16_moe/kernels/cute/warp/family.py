@@ -34,7 +34,7 @@ from .. import tiles as tiles_rule
 from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "MODEL_TILES", "model_tiles", "spec_for", "config_from_spec", "select_tiles",
-           "gemm_configs", "num_splits", "variants", "aot_variants", "kernel_config", "group_param"]
+           "gemm_configs", "num_splits", "UP_ROW_BLOCKS", "SPLIT_MIN_EXPERT_BYTES", "variants", "aot_variants", "kernel_config", "group_param"]
 
 FAMILY = "warp_w4a16_gemm"
 
@@ -98,6 +98,14 @@ def select_tiles(num_routes: int, num_experts: int, top_k: Optional[int] = None,
 group_param = tiles_rule.group_param
 
 
+#: row blocks per CTA of the gate/up kernels: 1, the K loop without the row-block streaming loop. Their K is the
+#: hidden size (>= 2048 in every MoE model: 16 K tiles and more), where the kernels never stream (streaming runs
+#: only up to ``STREAM_MAX_K_TILES`` = 4), yet the second loop cost them 1-8% (H200, docs/perf/2026-12-02-split-k:
+#: e.g. ``32,7168,2048,8,256`` at 8 tokens, TN 16: 37.7 -> 34.6 us; ``256,7168,256,8``, TN 8: 33.8 -> 32.9 us).
+#: The down kernels keep ``row_blocks = 8`` (K = the intermediate size, often 256-512: they stream).
+UP_ROW_BLOCKS = 1
+
+
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
     """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused;
     ``bias``: per-expert biases, as in the SM90 family's ``gemm_configs``)."""
@@ -108,7 +116,7 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = dict(tiles_items)
     common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
-    up = kernel_config(mode="gate_up", activation=activation, bias=bias, **common)
+    up = kernel_config(mode="gate_up", activation=activation, bias=bias, **dict(common, row_blocks=UP_ROW_BLOCKS))
     det = finalize == "deterministic"
     down = kernel_config(mode="down", epilogue="y" if det else "atomic_f32", bias=bias and det, **common)
     if up.gated != gated:
@@ -118,13 +126,22 @@ def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=
 
 #: the warp-MMA family's split-K target: this many CTAs per SM (4-warp CTAs; several fit on one SM)
 SPLIT_CTAS_PER_SM = 4
+#: split-K only where one expert's 4-bit weights of the GEMM (``n * k / 2`` bytes: what one token tile streams) are
+#: at least this large. H200, docs/perf/2026-12-02-split-k (80 rows of 10 layers at 8-64 tokens, TN 8-64, splits
+#: 1-4): every split of a GEMM with <= 5.2 MB per expert (``128,5120,1024,1``, ``128,4096,384,8``,
+#: ``256,7168,256,8`` gate/up) was slower than the unsplit kernel (up to 1.32 x), while GEMMs of >= 7.9 MB per
+#: expert with a small grid gain up to 25%; geometric mean over the rows the rule splits 0.988 -> 0.967 x unsplit
+SPLIT_MIN_EXPERT_BYTES = 6 << 20
 
 
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
                top_k: Optional[int] = None, global_experts: Optional[int] = None) -> int:
     """Split-K factor (:func:`..tiles.split_k`): enough CTAs for :data:`SPLIT_CTAS_PER_SM` per SM when the
     grid of row blocks x expected token tiles (:func:`..tiles.expected_tiles`; ``global_experts``, with
-    ``top_k``: the expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits."""
+    ``top_k``: the expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits;
+    1 for GEMMs of less than :data:`SPLIT_MIN_EXPERT_BYTES` per expert."""
+    if n * k // 2 < SPLIT_MIN_EXPERT_BYTES:
+        return 1
     tn = cfg.tokens_per_tile
     tiles = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
     ctas = (n // cfg.rows_per_cta) * max(1, round(tiles))
