@@ -52,8 +52,9 @@ TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528", "w4u8s3/
 
 def _gpt_oss_test_plans() -> list:
     """The kernels of the gpt-oss GPU tests' calls whose token counts take the warp-MMA rule buckets (their
-    CUDA-graph test warms up 1..64 tokens; the Triton suite's biased auto test runs up to 16 tokens), as the
-    provider plans them on an H200 (kernel availability not checked)."""
+    CUDA-graph test warms up 1..64 tokens; the Triton suite's biased auto test runs up to 16 tokens), and of the
+    33-token matrices of :data:`GPT_OSS_TESTS`, as the provider plans them on an H200 (kernel availability not
+    checked)."""
     import torch
 
     from w4a16_moe.activations import get_activation, swiglu_oai
@@ -65,16 +66,27 @@ def _gpt_oss_test_plans() -> list:
     real = provider._kernels_available
     provider._kernels_available = lambda arch: None
     out = []
+    dev = torch.device("cuda")
+    calls = []
+    for fin in ("deterministic", "fused"):
+        for act in ("swiglu_oai", swiglu_oai(alpha=1.5, limit=2.0).name):
+            for e, h, i, tokens in ((8, 512, 256, range(1, 65)), (16, 2880, 2880, (1, 8, 64, 512))):
+                calls += [MoECall(t, 4, h, i, e, torch.bfloat16, dev, get_activation(act), fin, 0, "mxfp4", False, True)
+                          for t in tokens]
+        # the 33-token matrices of :data:`GPT_OSS_TESTS` as the selection plans them (with and without biases):
+        # the cost model, not only the bucket named there, picks their tiles for INT4 schemes
+        for names, dts, acts, _ in GPT_OSS_TESTS:
+            for n in names:
+                for dt in dts:
+                    for act in acts:
+                        for bias in (False, True):
+                            calls.append(MoECall(33, 4, 512, 256, 8, getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dt]),
+                                                 dev, get_activation(act), fin, 0, n, False, bias))
     try:
-        for fin in ("deterministic", "fused"):
-            for act in ("swiglu_oai", swiglu_oai(alpha=1.5, limit=2.0).name):
-                for e, h, i, tokens in ((8, 512, 256, range(1, 65)), (16, 2880, 2880, (1, 8, 64, 512))):
-                    for t in tokens:
-                        c = MoECall(t, 4, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation(act), fin,
-                                    0, "mxfp4", False, True)
-                        p = provider.plan(c, h200)
-                        fam_ = provider.registry.get(p.family)
-                        out += [fam_.spec_for(cfg) for cfg in p.configs]
+        for c in calls:
+            p = provider.plan(c, h200)
+            fam_ = provider.registry.get(p.family)
+            out += [fam_.spec_for(cfg) for cfg in p.configs]
     finally:
         provider._kernels_available = real
         provider.clear_plans()
