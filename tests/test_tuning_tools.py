@@ -161,3 +161,36 @@ def test_sweep_tiles_parses_expert_parallel_layers():
     for bad in ("32,7168,2048", "32,7168,2048,8,16", "a,b,c,d", "0,7168,2048,8"):
         with pytest.raises(SystemExit, match="--layers"):
             parse_layer(bad)
+
+
+def _explore(tmp_path, tiles, *extra):
+    p = tmp_path / "tiles.json"
+    p.write_text(json.dumps(tiles))
+    out = tmp_path / "specs.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "explore_tiles.py"), "specs", "--tiles", str(p),
+                        "--out", str(out), *extra], capture_output=True, text=True,
+                       env={**os.environ, "W4A16_MOE_TUNED_TABLE": "0"})
+    return r, out
+
+
+def test_explore_tiles_writes_the_specs_of_the_default_plans_and_of_every_tile(tmp_path):
+    wide = dict(tokens_per_tile=192, m64_per_block=2, k_tile=64, stages=4, consumer_wgs=2, mma_kblocks=2, pdl=True)
+    deep = dict(tokens_per_tile=24, k_tile=128, m16_per_warp=2, stages=6, warps=4)
+    assert wide not in fam.CANDIDATES and deep not in warp_family.model_tiles()
+    r, out = _explore(tmp_path, [wide, {"family": "warp", "tiles": deep}],
+                      "--layers", "8,4096,14336,2", "--tokens", "64,2048")
+    assert r.returncode == 0, r.stderr
+    specs = json.loads(out.read_text())
+    params = [(s["family"], s["params"]) for s in specs]
+    for mode in ("gate_up", "down"):  # both GEMMs of each explored tile
+        assert any(f == "sm90_w4a16_gemm" and p["mode"] == mode and p["tokens_per_tile"] == 192
+                   and p["m64_per_block"] == 2 and p["consumer_wgs"] == 2 for f, p in params)
+        assert any(f == "warp_w4a16_gemm" and p["mode"] == mode and p["tokens_per_tile"] == 24 and p["stages"] == 6
+                   for f, p in params)
+    # the default plans of the two calls (a warp tile at 64 tokens, an SM90 rule tile at 2048) are there too
+    assert len({s["name"] for s in specs}) == len(specs) == 8
+
+
+def test_explore_tiles_rejects_a_tiles_file_without_tile_dicts(tmp_path):
+    r, _ = _explore(tmp_path, [{"family": "warp"}], "--layers", "8,4096,14336,2")
+    assert r.returncode != 0 and "--tiles" in r.stderr and "entry 0" in r.stderr

@@ -1,0 +1,197 @@
+"""Time tile shapes the selection cannot choose (no candidate, no prebuilt kernel) beside the default choice.
+
+    # CPU: the specs of the default plans and of every tile in TILES.json on those calls, then build them
+    python scripts/explore_tiles.py specs --tiles TILES.json --layers 256,7168,256,8 8,4096,14336,2 \\
+        --tokens 512,2048 --out .device/explore_specs.json
+    python -m w4a16_moe aot --archs sm_90a --specs .device/explore_specs.json --out .device/explore -j 2
+    # GPU (carry .device/explore; JIT off): every tile and the default, checked against the reference, timed
+    W4A16_MOE_PREBUILT_DIR=.device/explore W4A16_MOE_DISABLE_JIT=1 python scripts/explore_tiles.py time \\
+        --tiles TILES.json --layers ... --tokens 512,2048 --json explore.json [--budget-s 400]
+
+``TILES.json`` is a list of tile dicts of the SM90 family (``sm90.family.CANDIDATES``' keys, ``down_*`` for the
+down GEMM), or ``{"family": "warp" | "sm90", "tiles": {...}}`` entries. They are registered as candidates of this
+process only (``autotune_store.candidate_tiles``), so ``choice_plan.plan_of_choice`` plans them exactly as the
+autotuner plans a candidate (split-K: the family's rule). Layers are ``E,H,I,TOPK[,E_GLOBAL]`` as in
+``scripts/sweep_tiles.py``, and ``time`` writes that script's JSON rows (``choice``, ``family``, ``tiles``,
+``splits``, ``us``, ``nrmse``, ``kernels``, ``default``), so ``scripts/fit_cost_model.py`` reads them. Each
+choice's output is poisoned with NaN and checked against the FP32 reference before it is timed; a row whose
+reference is all zeros (no route reaches a local expert) is checked for zeros instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def load_tiles(path: str) -> list:
+    """``[(family, tiles)]`` of a tiles file (see the module docstring)."""
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, list) or not data:
+        raise SystemExit(f"--tiles {path}: expected a non-empty JSON list of tile dicts")
+    out = []
+    for i, x in enumerate(data):
+        fam, t = (x.get("family"), x.get("tiles")) if isinstance(x, dict) and "tiles" in x else ("sm90", x)
+        if fam not in ("sm90", "warp") or not isinstance(t, dict) or "tokens_per_tile" not in t:
+            raise SystemExit(f"--tiles {path}: entry {i} must be a tile dict with tokens_per_tile, or "
+                             "{'family': 'sm90' | 'warp', 'tiles': {...}}")
+        out.append((fam, dict(t)))
+    return out
+
+
+def register(extra: list) -> list:
+    """Make the tiles of ``extra`` candidates of this process; returns their ``(family, name)``."""
+    from w4a16_moe.kernels.cute import autotune_store as store
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+
+    base = store.candidate_tiles
+    added: dict = {}
+    names = []
+    for fam, t in extra:
+        n = candidate_name(t)
+        added.setdefault(fam, {})[n] = t
+        names.append((fam, n))
+
+    def candidate_tiles(family: str) -> dict:
+        return {**base(family), **added.get(family, {})}
+
+    store.candidate_tiles = candidate_tiles
+    return names
+
+
+def calls(layers: list, tokens: list, args, device):
+    import torch
+
+    from sweep_tiles import parse_layer
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.validate import MoECall
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    for spec in layers:
+        e, h, i, k, g = parse_layer(spec)
+        for t in tokens:
+            yield spec, (e, h, i, k, g), MoECall(t, k, h, i, e, dtype, device, get_activation(args.activation),
+                                                  args.finalize, 0, args.scheme, global_experts=g)
+
+
+def cmd_specs(args, names) -> int:
+    import torch
+
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import choice_plan, provider
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+
+    info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+    provider._kernels_available = lambda arch: None  # plan without looking for kernels
+    specs, skipped = {}, 0
+    for _, _, call in calls(args.layers, args.tokens, args, torch.device("cuda")):
+        plans = [provider.plan(call, info)] + [choice_plan.plan_of_choice(call, info, Choice(f, n, None))
+                                               for f, n in names]
+        skipped += sum(p is None for p in plans)
+        for p in plans:
+            if p is not None:
+                fam = provider.registry.get(p.family)
+                for cfg in p.configs:
+                    s = fam.spec_for(cfg)
+                    specs[s.name] = s
+    with open(args.out, "w") as f:
+        json.dump([s.to_json() for s in specs.values()], f)
+    print(f"{len(specs)} specs -> {args.out}" + (f" ({skipped} tile x call pairs cannot run)" if skipped else ""))
+    return 0
+
+
+def cmd_time(args, names) -> int:
+    import torch
+
+    from w4a16_moe.bench.profile import kernels_in_order
+    from w4a16_moe.bench.workloads import SEED, Workload, make_weights
+    from w4a16_moe.device import probe
+    from w4a16_moe.kernels.cute import autotune as at
+    from w4a16_moe.kernels.cute import choice_plan
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+    from w4a16_moe.kernels.cute.provider import cute_fused_moe
+    from w4a16_moe.reference import reference_moe
+
+    dev = torch.device("cuda")
+    info = probe(dev)
+    t0 = time.perf_counter()
+    rows, weights, cur = [], None, None
+    for spec, (e, h, i, k, g), call in calls(args.layers, args.tokens, args, dev):
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"# budget spent: {spec} T={call.tokens} and later rows not measured", flush=True)
+            break
+        if spec != cur:
+            weights = None
+            torch.cuda.empty_cache()
+            wl = Workload(f"explore-{spec}", spec, g or e, e, h, i, k, args.scheme, tuple(args.tokens), args.dtype,
+                          args.activation)
+            weights, cur = make_weights(wl, torch.Generator(device=dev).manual_seed(SEED), dev), spec
+        t = call.tokens
+        x, tw, ids = at._inputs(weights, t, k, call.dtype, seed=2000 + t, global_experts=g)
+        ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
+        default = at._default_choice(call, info)
+        res = []
+        for label, c in [("default", default)] + [(n, Choice(f, n, None)) for f, n in names]:
+            p = None if c is None else choice_plan.plan_of_choice(call, info, c)
+            if p is None:
+                continue
+            o = torch.full_like(x, float("nan"))
+            try:
+                cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
+                torch.cuda.synchronize()
+                rn = ref.norm().item()
+                err = ((o.float() - ref).norm().item() / rn) if rn > 0 else o.float().abs().max().item()
+                if not (err < at.MAX_NRMSE and bool(torch.isfinite(o).all())):
+                    res.append(dict(choice=label, error=f"nrmse {err:.3g}"))
+                    continue
+                fn = lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)  # noqa: E731
+                us = at._time_us(fn)
+                kern = [[n_, round(u, 2)] for n_, u in kernels_in_order(fn, calls=5)]
+            except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
+                res.append(dict(choice=label, error=f"{type(ex).__name__}: {str(ex)[:200]}"))
+                continue
+            res.append(dict(choice=c.label(), family=p.family, decode=bool(p.decode), tiles=dict(p.tiles),
+                            splits=list(p.splits), us=round(us, 2), nrmse=round(err, 5), kernels=kern,
+                            default=label == "default"))
+            print(f"{spec} T={t} {c.label()[:80]:80s} {us:9.1f} us", flush=True)
+        rows.append(dict(layer=spec, E=e, E_global=g or e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme,
+                         dtype=args.dtype, finalize=args.finalize, default=default and default.label(), results=res))
+        with open(args.json, "w") as f:  # after every row: a run cut short keeps what it measured
+            json.dump(dict(device=info.name, sm_count=info.sm_count, rows=rows), f, indent=1)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("specs", "time"))
+    ap.add_argument("--tiles", required=True)
+    ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL] per layer")
+    ap.add_argument("--tokens", default="512,2048")
+    ap.add_argument("--scheme", default="int4_g128")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--activation", default="swiglu")
+    ap.add_argument("--finalize", default="deterministic", choices=("deterministic", "fused"))
+    ap.add_argument("--out", help="specs: where the spec list goes")
+    ap.add_argument("--json", help="time: where the rows go")
+    ap.add_argument("--budget-s", type=float, default=400.0, help="time: stop starting new rows after this long")
+    args = ap.parse_args(argv)
+    args.tokens = [int(v) for v in args.tokens.split(",") if v.strip()]
+    if not args.tokens or min(args.tokens) < 1:
+        raise SystemExit(f"--tokens: expected positive counts separated by commas, got {args.tokens!r}")
+    if args.command == "specs" and not args.out:
+        raise SystemExit("specs: --out is required")
+    if args.command == "time" and not args.json:
+        raise SystemExit("time: --json is required")
+    names = register(load_tiles(args.tiles))
+    return cmd_specs(args, names) if args.command == "specs" else cmd_time(args, names)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
