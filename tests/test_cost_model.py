@@ -138,21 +138,49 @@ def test_the_model_is_close_to_the_fastest_choice_on_held_out_layers(path):
     assert geo <= 1.02 and max(ratios) <= 1.16, (geo, max(ratios))
 
 
-def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path):
+def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path, monkeypatch):
+    """The shipped JSON is the fit script's output on its sources: same entries, slots and rows, predictions within
+    5%, and the same choices on 21 layers x 11 token counts. Not equal coefficients: without row-block streaming
+    the epilogue term is the wave term times TN * rows, so the least-squares problems with both terms are rank
+    deficient, and whether the solver (numpy's LAPACK / OpenBLAS build, the CPU's kernels) treats them so decides
+    between equally plausible fits. Seen: the shipped fit and a refit on another machine differ by up to 4.3% in a
+    prediction and agree on every choice of the grid below."""
     out = tmp_path / "model.json"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fit_cost_model.py"),
                     *FIT, "--out", str(out)],
                    check=True, cwd=ROOT, env=env, capture_output=True)
-    got, shipped = json.load(open(out))["entries"], cost_model.model()["entries"]
+    refit = json.load(open(out))
+    got, shipped = refit["entries"], cost_model.model()["entries"]
     assert set(got) == set(shipped)
-    for name, e in shipped.items():  # a least-squares fit: equal up to the BLAS's rounding
-        assert got[name]["tokens_per_tile"] == e["tokens_per_tile"], name
+    for name, e in shipped.items():
+        tn = e["tokens_per_tile"]
+        assert got[name]["tokens_per_tile"] == tn, name
         for g in ("up", "down"):
             a, b = got[name][g], e[g]
             assert (a["slots"], a["rows"], a["n"], a.get("stream")) == (b["slots"], b["rows"], b["n"], b.get("stream")), (name, g)
-            for c in ("a", "b", "c", "d"):
-                assert a[c] == pytest.approx(b[c], rel=1e-3, abs=1e-4), (name, g, c)
+            for n, k in ((512, 7168), (4096, 384), (7168, 256), (28672, 4096), (4096, 14336)):
+                for tiles in (1.0, 8.08, 40.0, 300.0):
+                    r = cost_model.row_blocks(b, tn, n, k, int(tiles * tn), 64)
+                    assert cost_model.gemm_us(a, tn, n, k, tiles, rbc=r) == pytest.approx(
+                        cost_model.gemm_us(b, tn, n, k, tiles, rbc=r), rel=0.05), (name, g, n, k, tiles)
+    layers = [tuple(int(v) for v in s.split(",")) for s in (
+        "384,7168,256,8", "32,7168,2048,8,256", "256,7168,256,8", "128,4096,384,8", "16,4096,1536,8,128",
+        "20,5120,1536,8,160", "16,5120,8192,1", "128,5120,1024,1", "8,4096,14336,2", "128,2048,768,8",
+        "64,4096,512,8", "128,4096,768,8", "60,2048,640,4", "16,4096,1536,8", "64,2048,1408,6", "8,6144,16384,2",
+        "128,2048,768,8,128", "160,5120,384,8", "64,4096,256,8", "128,7168,256,8", "40,5120,1536,8,160")]
+
+    def choices():
+        out = []
+        for e, h, i, k, *rest in layers:
+            for t in (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192):
+                c = fam.model_choice(t * k, e, h, i, True, k, rest[0] if rest else None)
+                out.append(None if c is None else (c[0], candidate_name(c[1])))
+        return out
+
+    before = choices()
+    monkeypatch.setattr(cost_model, "model", lambda path=None: refit)
+    assert choices() == before
 
 
 def test_streaming_row_blocks_in_the_model():
