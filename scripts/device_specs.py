@@ -67,6 +67,7 @@ def _gpt_oss_test_plans() -> list:
     provider._kernels_available = lambda arch: None
     out = []
     dev = torch.device("cuda")
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     calls = []
     for fin in ("deterministic", "fused"):
         for act in ("swiglu_oai", swiglu_oai(alpha=1.5, limit=2.0).name):
@@ -80,8 +81,8 @@ def _gpt_oss_test_plans() -> list:
                 for dt in dts:
                     for act in acts:
                         for bias in (False, True):
-                            calls.append(MoECall(33, 4, 512, 256, 8, getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[dt]),
-                                                 dev, get_activation(act), fin, 0, n, False, bias))
+                            calls.append(MoECall(33, 4, 512, 256, 8, dtypes[dt], dev, get_activation(act), fin, 0, n,
+                                                 False, bias))
     try:
         for c in calls:
             p = provider.plan(c, h200)

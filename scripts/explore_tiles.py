@@ -14,8 +14,8 @@ process only (``autotune_store.candidate_tiles``), so ``choice_plan.plan_of_choi
 autotuner plans a candidate (split-K: the family's rule). Layers are ``E,H,I,TOPK[,E_GLOBAL]`` as in
 ``scripts/sweep_tiles.py``, and ``time`` writes that script's JSON rows (``choice``, ``family``, ``tiles``,
 ``splits``, ``us``, ``nrmse``, ``kernels``, ``default``), so ``scripts/fit_cost_model.py`` reads them. Each
-choice's output is poisoned with NaN and checked against the FP32 reference before it is timed; a row whose
-reference is all zeros (no route reaches a local expert) is checked for zeros instead.
+choice is measured as ``sweep_tiles.measure`` measures a candidate (NaN-poisoned output checked against the FP32
+reference, then timed, with its kernels apart).
 """
 
 from __future__ import annotations
@@ -110,13 +110,12 @@ def cmd_specs(args, names) -> int:
 def cmd_time(args, names) -> int:
     import torch
 
-    from w4a16_moe.bench.profile import kernels_in_order
+    from sweep_tiles import measure
     from w4a16_moe.bench.workloads import SEED, Workload, make_weights
     from w4a16_moe.device import probe
     from w4a16_moe.kernels.cute import autotune as at
     from w4a16_moe.kernels.cute import choice_plan
     from w4a16_moe.kernels.cute.autotune_store import Choice
-    from w4a16_moe.kernels.cute.provider import cute_fused_moe
     from w4a16_moe.reference import reference_moe
 
     dev = torch.device("cuda")
@@ -138,29 +137,11 @@ def cmd_time(args, names) -> int:
         ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
         default = at._default_choice(call, info)
         res = []
-        for label, c in [("default", default)] + [(n, Choice(f, n, None)) for f, n in names]:
+        for c in [default] + [Choice(f, n, None) for f, n in names]:
             p = None if c is None else choice_plan.plan_of_choice(call, info, c)
-            if p is None:
-                continue
-            o = torch.full_like(x, float("nan"))
-            try:
-                cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
-                torch.cuda.synchronize()
-                rn = ref.norm().item()
-                err = ((o.float() - ref).norm().item() / rn) if rn > 0 else o.float().abs().max().item()
-                if not (err < at.MAX_NRMSE and bool(torch.isfinite(o).all())):
-                    res.append(dict(choice=label, error=f"nrmse {err:.3g}"))
-                    continue
-                fn = lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)  # noqa: E731
-                us = at._time_us(fn)
-                kern = [[n_, round(u, 2)] for n_, u in kernels_in_order(fn, calls=5)]
-            except Exception as ex:  # noqa: BLE001 - recorded, the run goes on
-                res.append(dict(choice=label, error=f"{type(ex).__name__}: {str(ex)[:200]}"))
-                continue
-            res.append(dict(choice=c.label(), family=p.family, decode=bool(p.decode), tiles=dict(p.tiles),
-                            splits=list(p.splits), us=round(us, 2), nrmse=round(err, 5), kernels=kern,
-                            default=label == "default"))
-            print(f"{spec} T={t} {c.label()[:80]:80s} {us:9.1f} us", flush=True)
+            if p is not None:
+                res.append(measure(x, weights, tw, ids, ref, call, c, p, default, kernels=True))
+                print(f"{spec} T={t} {c.label()[:80]:80s} {res[-1].get('us', res[-1].get('error'))}", flush=True)
         rows.append(dict(layer=spec, E=e, E_global=g or e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme,
                          dtype=args.dtype, finalize=args.finalize, default=default and default.label(), results=res))
         with open(args.json, "w") as f:  # after every row: a run cut short keeps what it measured

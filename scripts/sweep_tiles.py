@@ -37,6 +37,33 @@ def parse_layer(spec: str) -> tuple:
     return e, h, i, k, (g if g and g > e else None)
 
 
+def measure(x, weights, tw, ids, ref, call, choice, plan, default, kernels: bool) -> dict:
+    """One sweep result of ``choice`` (its ``plan``) on a call: its output (poisoned with NaN first) checked
+    against ``ref`` (a zero reference takes a zero output), then its CUDA-graph time and, with ``kernels``, its
+    kernels apart; ``{"choice", "error"}`` where the check or the call fails."""
+    import torch
+
+    from w4a16_moe.bench.profile import kernels_in_order
+    from w4a16_moe.kernels.cute import autotune as at
+    from w4a16_moe.kernels.cute.provider import cute_fused_moe
+
+    o = torch.full_like(x, float("nan"))
+    try:
+        cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=plan)
+        torch.cuda.synchronize()
+        err = ((o.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        if not (err < at.MAX_NRMSE and bool(torch.isfinite(o).all())):
+            return dict(choice=choice.label(), error=f"nrmse {err:.3g}")
+        fn = lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=plan)  # noqa: E731
+        us = at._time_us(fn)
+        kern = [[n, round(t_us, 2)] for n, t_us in kernels_in_order(fn, calls=5)] if kernels else None
+    except Exception as ex:  # noqa: BLE001 - recorded, the sweep goes on
+        return dict(choice=choice.label(), error=f"{type(ex).__name__}: {str(ex)[:200]}")
+    return dict(choice=choice.label(), family=plan.family, decode=bool(plan.decode), tiles=dict(plan.tiles),
+                splits=list(plan.splits), us=round(us, 2), nrmse=round(err, 5),
+                default=(default is not None and choice == default), **({"kernels": kern} if kern is not None else {}))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL] per layer")
@@ -56,12 +83,10 @@ def main(argv=None) -> int:
     import torch
 
     from w4a16_moe.activations import get_activation
-    from w4a16_moe.bench.profile import kernels_in_order
     from w4a16_moe.bench.workloads import SEED, Workload, make_weights
     from w4a16_moe.device import probe
     from w4a16_moe.kernels.cute import autotune as at
     from w4a16_moe.kernels.cute import choice_plan
-    from w4a16_moe.kernels.cute.provider import cute_fused_moe
     from w4a16_moe.reference import reference_moe
     from w4a16_moe.validate import MoECall
 
@@ -94,26 +119,8 @@ def main(argv=None) -> int:
             res = []
             for c in cands:
                 p = choice_plan.plan_of_choice(call, info, c)
-                if p is None:
-                    continue
-                o = torch.full_like(x, float("nan"))
-                try:
-                    cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
-                    torch.cuda.synchronize()
-                    err = ((o.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-                    if not (err < at.MAX_NRMSE and bool(torch.isfinite(o).all())):
-                        res.append(dict(choice=c.label(), error=f"nrmse {err:.3g}"))
-                        continue
-                    fn = lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)  # noqa: E731
-                    us = at._time_us(fn)
-                    kern = [[n, round(t_us, 2)] for n, t_us in kernels_in_order(fn, calls=5)] if args.kernels else None
-                except Exception as ex:  # noqa: BLE001 - recorded, the sweep goes on
-                    res.append(dict(choice=c.label(), error=f"{type(ex).__name__}: {str(ex)[:200]}"))
-                    continue
-                res.append(dict(choice=c.label(), family=p.family, decode=bool(p.decode), tiles=dict(p.tiles),
-                                splits=list(p.splits), us=round(us, 2), nrmse=round(err, 5),
-                                default=(default is not None and c == default),
-                                **({"kernels": kern} if kern is not None else {})))
+                if p is not None:
+                    res.append(measure(x, weights, tw, ids, ref, call, c, p, default, args.kernels))
             ok = [r for r in res if "us" in r]
             best = min(ok, key=lambda r: r["us"]) if ok else None
             dflt = next((r for r in ok if r["default"]), None)
