@@ -4,8 +4,9 @@ family picks the tiles of a call nobody tuned (host side, no DSL import).
 Each GEMM of a choice (gate/up: N = 2I or I, K = H; down: N = H, K = I) is a grid of CTAs, each streaming
 ``rbc`` row blocks of ``rows`` weight rows x K of one expert for one token tile; every token tile re-reads its
 expert's weights. With ``tiles`` the expected token tiles of the call (:func:`.tiles.expected_tiles`: uniform
-routing, the expert-parallel hint's expected local routes), ``ctas = cdiv(N / rows, rbc) * tiles`` and
-``waves = ceil(ctas / S)``::
+routing, the expert-parallel hint's expected local routes), ``ctas = cdiv(N / rows, rbc) * max(1, tiles)``
+(the expected CTA count: tiles are not rounded up before the waves are counted, so a layer whose experts each
+get a fraction of a tile is not charged a full tile per expert) and ``waves = ceil(ctas / S)``::
 
     t_gemm = a + b * max(W, waves * S * rbc * rows * K / 2) / 1e6 + c * waves * TN * rbc * rows / 1e3 + d * waves  [us]
 
@@ -56,8 +57,8 @@ def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int, rbc: 
     waves)`` of one GEMM of ``n`` x ``k`` over ``tiles`` expected token tiles of ``tn`` tokens, ``rows`` weight
     rows per row block, ``rbc`` row blocks per CTA and ``slots`` CTAs per wave (what :func:`gemm_us` weighs with
     ``a, b, c, d`` and ``scripts/fit_cost_model.py`` fits)."""
-    ctas = max(1, -(-max(1, n // rows) // rbc)) * max(1, math.ceil(tiles - 1e-6))
-    waves = -(-ctas // slots)
+    ctas = max(1, -(-max(1, n // rows) // rbc)) * max(1.0, tiles)
+    waves = max(1, math.ceil(ctas / slots - 1e-6))
     w = tiles * n * k / 2
     return 1.0, max(w, waves * slots * rbc * rows * k / 2) / 1e6, waves * tn * rbc * rows / 1e3, float(waves)
 
