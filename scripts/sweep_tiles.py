@@ -2,7 +2,7 @@
 
     python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
         [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500] [--kernels]
-        [--splits rule,1]
+        [--splits rule,1] [--decode-only]
 
 For each layer (``E,H,I,TOPK[,E_GLOBAL]``: uniform routing over the E local experts, or with ``E_GLOBAL > E``
 over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-parallel rank, its calls carrying the
@@ -64,6 +64,12 @@ def measure(x, weights, tw, ids, ref, call, choice, plan, default, kernels: bool
                 default=(default is not None and choice == default), **({"kernels": kern} if kern is not None else {}))
 
 
+def kept(choice, default, splits: set, decode_only: bool) -> bool:
+    """Whether the sweep times ``choice``: every decode choice and the default one; a grouped choice when its
+    split-K choice is in ``splits`` (None: the rule's) and ``decode_only`` is off."""
+    return bool(choice.decode or choice == default or (choice.splits in splits and not decode_only))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL] per layer")
@@ -76,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new rows after this long")
     ap.add_argument("--splits", default="rule,1,2,4,8",
                     help="split-K choices of the grouped tiles to time: 'rule' and / or counts (default all)")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="time only the decode path's choices (and the default choice), not the grouped tiles")
     ap.add_argument("--kernels", action="store_true",
                     help="also record each choice's kernels apart (torch.profiler, eager calls, launch order)")
     args = ap.parse_args(argv)
@@ -113,7 +121,7 @@ def main(argv=None) -> int:
                 break
             call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name, global_experts=g)
             default = at._default_choice(call, info)
-            cands = [c for c in at.candidates(call, info, memo=memo) if c.decode or c.splits in splits or c == default]
+            cands = [c for c in at.candidates(call, info, memo=memo) if kept(c, default, splits, args.decode_only)]
             x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t, global_experts=g)
             ref = reference_moe(x, weights, tw, ids, activation=act.name)
             res = []

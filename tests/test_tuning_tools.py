@@ -194,3 +194,18 @@ def test_explore_tiles_writes_the_specs_of_the_default_plans_and_of_every_tile(t
 def test_explore_tiles_rejects_a_tiles_file_without_tile_dicts(tmp_path):
     r, _ = _explore(tmp_path, [{"family": "warp"}], "--layers", "8,4096,14336,2")
     assert r.returncode != 0 and "--tiles" in r.stderr and "entry 0" in r.stderr
+
+
+def test_sweep_tiles_decode_only_keeps_the_decode_choices_and_the_default():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from sweep_tiles import kept
+
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+
+    dec, dflt = Choice("decode", "w8u8s2/w8u4s2"), Choice("sm90", "t16_x2_k128_s4_w1_serial", None)
+    other, split4 = Choice("warp", "t8_k64_m2_s4_w4", None), Choice("sm90", "t16_x2_k128_s4_w1_serial", 4)
+    everything = {None, 1, 2, 4, 8}
+    assert [kept(c, dflt, everything, True) for c in (dec, dflt, other, split4)] == [True, True, False, False]
+    assert [kept(c, dflt, everything, False) for c in (dec, dflt, other, split4)] == [True, True, True, True]
+    assert [kept(c, dflt, {None}, False) for c in (dec, dflt, other, split4)] == [True, True, True, False]
+    assert kept(dec, None, set(), True) and not kept(other, None, {None}, True)
