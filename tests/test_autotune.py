@@ -304,10 +304,14 @@ def test_decode_candidates_include_the_k_splits():
     call = _call(1)
     every = autotune.candidates(call, H200, status=lambda spec, arch: ("prebuilt", ""))
     dec = [c for c in every if c.decode]
-    # the rule's split (2/2 here) and the forced ones 1, 4, 8 (2 is the rule's plan: timed once)
+    # the rule's split (2/1 here) and the forced ones 1, 2, 4, 8
     splits = {choice_plan.plan_of_choice(call, H200, c).splits for c in dec}
-    assert {(1, 1), (2, 2), (4, 4), (8, 8)} <= splits
-    assert Choice("decode", "w8u8s4/w8u4s4") in every and Choice("decode", "w8u8s2/w8u4s2") not in every
+    assert {(2, 1), (1, 1), (2, 2), (4, 4), (8, 8)} <= splits
+    assert Choice("decode", "w8u8s4/w8u4s4") in every and Choice("decode", "w8u8s2/w8u4s2") in every
+    # a forced split equal to the rule's (1/1 at two tokens) is the rule's plan: timed once
+    two = autotune.candidates(_call(2), H200, status=lambda spec, arch: ("prebuilt", ""))
+    assert choice_plan.plan_of_choice(_call(2), H200, Choice("decode", "")).splits == (1, 1)
+    assert Choice("decode", "") in two and Choice("decode", "w8u8s1/w8u4s1") not in two
     assert autotune.with_decode_split("w8u4/w8u2p0", 4) == "w8u4s4/w8u2s4p0"
     assert autotune.with_decode_split("w16u2", None) == "w16u2"
     assert autotune.with_decode_split("", 2) == "w8u8s2/w8u4s2"

@@ -243,9 +243,10 @@ def test_split_schemes(scheme, finalize, split):
 
 @pytest.mark.parametrize("finalize", ["deterministic", "fused"])
 def test_split_rule_choice(finalize):
-    """The rule's split (one token: both kernels split on a 132-SM GPU) against the reference, fp16 too."""
+    """The rule's split (one token of I = 2048: the down kernel splits on a 132-SM GPU) against the reference,
+    fp16 too."""
     for dtype in DTYPES:
-        w = _split_weights("int4_g128", seed=21, dtype=dtype)
+        w = _weights("int4_g128", e=8, h=2048, i=2048, dtype=dtype, seed=21)
         x = torch.zeros(1, w.hidden_size, device="cuda", dtype=dtype)
         p = _plan(x, w, 1, 4, finalize)
         assert max(p.splits) > 1, p.describe()
@@ -299,15 +300,23 @@ def test_split_cuda_graph_capture_and_replay():
 
 def test_rule_splits_the_small_grid_layers():
     """On this GPU the rule splits one-token calls of the layers whose decode grids are too small: few large
-    experts (E=8, H=4096, I=14336, top-2: 64 down CTAs) and Kimi-K2 TP8 (E=384, H=7168, I=256, top-8)."""
+    experts (E=8, H=4096, I=14336, top-2: 64 down CTAs) and, with the 8-warp knobs, Kimi-K2 TP8 (E=384, H=7168,
+    I=256, top-8: 128 gate/up tiles), which by default takes 16-warp CTAs instead (one per SM, no split)."""
     from w4a16_moe.activations import get_activation
     from w4a16_moe.device import probe
     from w4a16_moe.validate import MoECall
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    for e, h, i, k, both in ((8, 4096, 14336, 2, False), (384, 7168, 256, 8, True)):
+    for e, h, i, k, knobs in ((8, 4096, 14336, 2, None), (384, 7168, 256, 8, "w8u8/w8u4")):
         call = MoECall(1, k, h, i, e, torch.bfloat16, dev, get_activation("swiglu"), "deterministic", 0,
                        "int4_g128")
         p = prov.plan(call, probe(dev))
-        assert p.decode and max(p.splits) > 1, p.describe()
-        assert not both or min(p.splits) > 1, p.describe()
+        assert p.decode, p.describe()
+        assert knobs or max(p.splits) > 1, p.describe()
+        if knobs:
+            assert dict(p.tiles)["knobs"] == dec.knob_items(dec.WIDE_KNOBS) and p.splits == (1, 1), p.describe()
+            prov.clear_plans()
+            with overrides.forced_decode(dec.parse_knobs(knobs)):
+                p = prov.plan(call, probe(dev))
+            assert p.splits[0] > 1, p.describe()
+            prov.clear_plans()

@@ -94,7 +94,9 @@ def test_parse_knobs_split_suffix():
 #: (E, H, I, top-k) -> {tokens: (gate_up split, down split)} the rule picks on 132 SMs with the default knobs
 SPLIT_EXAMPLES = {
     (8, 4096, 14336, 2): {1: (1, 4), 2: (1, 2), 4: (1, 1)},  # down: 64 / 128 / 256 tiles
-    (384, 7168, 256, 8): {1: (2, 2), 2: (1, 1), 4: (1, 1)},  # Kimi-K2 TP8: 128 / 112 tiles at one token
+    # Kimi-K2 TP8: 128 / 112 tiles at one token; down's 8 routes of one 4-unit part keep S = 1 (8 items, one
+    # per warp: S = 2 only adds idle warps; H200: 4.9 us instead of 6.9, docs/perf/2026-12-02-decode-defaults)
+    (384, 7168, 256, 8): {1: (2, 1), 2: (1, 1), 4: (1, 1)},
     (128, 2048, 768, 8): {1: (1, 4), 2: (1, 4), 4: (1, 2)},  # Qwen3-30B-A3B: gate_up 384 tiles, down 32 at T=1
     (256, 7168, 2048, 8): {1: (1, 2)},  # DeepSeek-V3: down 112 tiles
 }
@@ -121,6 +123,10 @@ def test_split_rule_bounds():
     assert dec.num_splits(up, 4096, 7168, 1, 8, 132) == 1
     assert dec.num_splits(up, 4096, 7168, 1, 8, 132, 32, 256) == 2
     assert dec.num_splits(up, 4096, 7168, 1, 8, 132, 32, 32) == 1  # no hint beyond the local experts
+    # down with the hint: one expected local route of a token (16 of 128 experts, top-8; I = 1536: 24 units)
+    # is not split, where eight local routes would be (4: 256 CTAs)
+    assert dec.num_splits(down, 4096, 1536, 1, 8, 132) == 4
+    assert dec.num_splits(down, 4096, 1536, 1, 8, 132, 16, 128) == 1
     # a small GPU gets smaller splits; a GPU with many SMs at most MAX_SPLITS
     assert dec.num_splits(down, 4096, 14336, 1, 2, 16) == 1
     assert dec.num_splits(down, 4096, 14336, 1, 2, 10**6) == dec.MAX_SPLITS
@@ -148,8 +154,12 @@ def test_decode_plans_carry_the_split(monkeypatch):
             call = MoECall(t, k, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
                            "deterministic", 0, "int4_g128")
             p = provider.plan(call, h200)
-            assert p.decode and p.splits == want, ((e, h, i, k), t, p.describe())
             up, down = p.configs
+            kn = dict(p.tiles)["knobs"]
+            if kn != ():  # a small grid, a short gate/up K or a large grid: a 16- or 4-warp set, its own split
+                assert kn == dec.knob_items(dec.default_knobs(t, k, h, 2 * i, 132)) and up.warps != 8
+                want = (dec.num_splits(up, 2 * i, h, t, k, 132), dec.num_splits(down, h, i, t, k, 132))
+            assert p.decode and p.splits == want, ((e, h, i, k), t, p.describe())
             assert p.counters == (dec.scratch_sizes(up, 2 * i, t, k, want[0])[1]
                                   + dec.scratch_sizes(down, h, t, k, want[1])[1])
             assert f"K split {want[0]}/{want[1]}" in p.describe()
@@ -159,7 +169,7 @@ def test_decode_plans_carry_the_split(monkeypatch):
         p = provider.plan(call, h200)
         assert p.splits == (1, 8) and p.counters == 112
     with overrides.forced_decode(dec.parse_knobs("w8u8/w8u4")):
-        assert provider.plan(call, h200).splits == (2, 2)
+        assert provider.plan(call, h200).splits == (2, 1)
     provider.clear_plans()
 
 
@@ -199,7 +209,8 @@ def test_variants():
                 for cfg in dec.configs(get_scheme(sch), dt, "swiglu", dec.knob_items(kn)):
                     assert dec.spec_for(cfg) in full
     assert fam.tuned_decode_knob_sets("int4_g128", "bf16") and not fam.tuned_decode_knob_sets("int4_g128", "fp16")
-    defaults16 = set(dec.configs(get_scheme("int4_g128"), "fp16", "swiglu"))
+    defaults16 = {c for kn in dec.default_knob_sets()
+                  for c in dec.configs(get_scheme("int4_g128"), "fp16", "swiglu", dec.knob_items(kn))}
     for kn in fam.tuned_decode_knob_sets("int4_g128", "bf16"):
         for cfg in set(dec.configs(get_scheme("int4_g128"), "fp16", "swiglu", dec.knob_items(kn))) - defaults16:
             assert dec.spec_for(cfg) not in full
@@ -273,3 +284,57 @@ def test_decode_rule_by_reread(monkeypatch, experts, top_k, largest):
     for t in took:
         assert t * top_k <= dec.DECODE_MAX_ROUTES and dec.reread_factor(t, top_k, experts) <= dec.MAX_REREAD
     assert dec.use_decode(largest + 1, top_k) == ((largest + 1) * top_k <= dec.DECODE_MAX_ROUTES)  # no E: old rule
+
+
+def test_default_knobs_by_regime():
+    # the expert-parallel hint first (a persistent gate/up grid), then 4-warp gate/up CTAs for a short K or a
+    # large grid (NARROW_TILES_PER_SM tiles per SM), else KNOBS; (tokens, top_k, H, gate/up rows, SMs, E, E_global)
+    # at most one working gate/up tile per SM and H >= 4096: 16-warp CTAs (one token of E=32 of 256, H=7168,
+    # I=2048, top-8: one expected local route, 128 tiles; Kimi-K2 TP8: 8 routes x 16 tiles)
+    assert dec.default_knobs(1, 8, 7168, 4096, 132, 32, 256) == dec.WIDE_KNOBS
+    assert dec.default_knobs(1, 8, 7168, 512, 132) == dec.WIDE_KNOBS
+    assert dec.default_knobs(1, 8, 2048, 3072, 132, 16, 128) == dec.EP_KNOBS  # 96 tiles, but 8 batches of 4
+    assert dec.default_knobs(2, 8, 7168, 4096, 132, 32, 256) == dec.WIDE_KNOBS  # 256 tiles: 2 per SM with EP
+    assert dec.default_knobs(4, 8, 7168, 4096, 132, 32, 256) == dec.EP_KNOBS  # 512 tiles
+    assert dec.default_knobs(2, 1, 5120, 2048, 132) == dec.WIDE_KNOBS  # 128 tiles
+    assert dec.default_knobs(3, 1, 5120, 2048, 132) == ""  # 192 tiles: 1 per SM without the hint
+    assert dec.default_knobs(4, 8, 2048, 3072, 132, 16, 128) == dec.EP_KNOBS
+    assert dec.default_knobs(1, 8, 2048, 1536, 132, 128, 128) == dec.default_knobs(1, 8, 2048, 1536, 132) \
+        == dec.NARROW_KNOBS  # 32 units: 4 batches of 8 for 8 warps
+    assert dec.default_knobs(1, 4, 2880, 5760, 132) == dec.NARROW_KNOBS  # gpt-oss: 45 units, 6 batches
+    # H = 4096 (8 batches): 8 warps while the grid is small; E=8, H=4096, I=14336, top-2: 1792 tiles at one token
+    assert dec.default_knobs(1, 8, 4096, 768, 132) == ""  # 192 tiles
+    assert dec.default_knobs(1, 8, 4096, 512, 132) == dec.WIDE_KNOBS  # 128 tiles, 16 batches of 4
+    assert dec.default_knobs(1, 2, 4096, 28672, 132) == dec.NARROW_KNOBS
+    assert dec.default_knobs(2, 8, 7168, 512, 132) == ""  # Kimi-K2 TP8, 2 tokens: 256 tiles
+    assert dec.default_knobs(4, 8, 7168, 512, 132) == dec.NARROW_KNOBS  # 512 >= 3 x 132
+    assert dec.default_knobs(4, 8, 7168, 512, 200) == ""  # ... not on a GPU of 200 SMs
+    up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items(dec.WIDE_KNOBS))
+    assert (up.warps, up.unroll, up.ctas, down.warps, down.unroll, down.ctas) == (16, 4, 132, 16, 2, 0)
+    up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items(dec.EP_KNOBS))
+    assert (up.warps, up.unroll, up.ctas, down.ctas) == (8, 8, 264, 0)
+    up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items(dec.NARROW_KNOBS))
+    assert (up.warps, up.unroll, down.warps, down.unroll) == (4, 8, 8, 4)
+    assert down == dec.configs(get_scheme("int4_g128"), "bf16", "swiglu")[1]  # one down kernel for both sets
+    # each set is in the AOT full set for every scheme and dtype
+    full = {s.name for s in dec.aot_variants("full")}
+    for sch in SCHEMES:
+        for dt in ("bf16", "fp16"):
+            for kn in dec.default_knob_sets():
+                assert {dec.spec_for(c).name for c in dec.configs(get_scheme(sch), dt, "silu", dec.knob_items(kn))} <= full
+
+
+def test_split_capacity_counts_warps():
+    # the split grid aims at SPLIT_WAVES * sms CTAs of 8 warps: 132 of 16 warps, 528 of 4 (H200)
+    sch = get_scheme("int4_g128")
+    w16, _ = dec.configs(sch, "bf16", "swiglu", dec.knob_items("w16u4c132/w16u2"))
+    w8, _ = dec.configs(sch, "bf16", "swiglu")
+    w4, _ = dec.configs(sch, "bf16", "swiglu", dec.knob_items(dec.NARROW_KNOBS))
+    # one token of E=32 of 256, H=7168, I=2048, top-8: 128 working gate/up tiles
+    assert dec.num_splits(w8, 4096, 7168, 1, 8, 132, 32, 256) == 2
+    assert dec.num_splits(w16, 4096, 7168, 1, 8, 132, 32, 256) == 1
+    # one token of E=128, H=5120, I=1024, top-1: 64 tiles of 80 units
+    # one token of E=128, H=5120, I=1024, top-1: 64 gate/up tiles of 80 units (10 parts of 8)
+    assert dec.num_splits(w8, 2048, 5120, 1, 1, 132) == 2  # 10 parts: S = 4 would leave 22 of 32 warps idle
+    assert dec.num_splits(w4, 2048, 5120, 1, 1, 132) == 4  # 10 parts over 16 warps; S = 8 adds only idle ones
+    assert dec.num_splits(w4, 2048, 16384, 1, 1, 132) == 8  # 256 units, 32 parts: S = 8 fills 8 CTAs x 4 warps

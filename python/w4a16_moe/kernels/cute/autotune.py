@@ -2,7 +2,8 @@
 
 For one layer (weights, dtype, activation, top-k, finalize mode) and each token count of :func:`token_grid`
 up to ``max_tokens``, it times every candidate the loader can provide without compiling (prebuilt or in
-the JIT cache; JIT only when allowed): the decode kernels (default knobs and the tuned table's knob sets
+the JIT cache; JIT only when allowed): the decode kernels (the default knob sets of
+:func:`.decode.family.default_knob_sets` and the tuned table's knob sets
 for the scheme and dtype, each with the K split of the decode rule and 1, 2, 4, 8 (:data:`DECODE_SPLITS`), up
 to :data:`DECODE_TUNE_MAX_ROUTES` routes), the SM90 family's rule buckets and
 tuned candidates (:func:`.sm90.family.selectable_tiles`), the warp family's buckets, each with split-K
@@ -182,8 +183,10 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     out = []
     if (base.name == "sm90" and not s.batch_invariant and s.cute_decode != "0"
             and call.tokens * call.top_k <= DECODE_TUNE_MAX_ROUTES):
-        out += [Choice("decode", with_decode_split(kn, sp)) for kn in ["", *sm90.tuned_decode_knob_sets(call.scheme, dt)]
-                for sp in DECODE_SPLITS]
+        from .decode.family import default_knob_sets
+
+        sets = list(dict.fromkeys([*default_knob_sets(), *sm90.tuned_decode_knob_sets(call.scheme, dt)]))
+        out += [Choice("decode", with_decode_split(kn, sp)) for kn in sets for sp in DECODE_SPLITS]
     grouped = []
     if base.name == "sm90":
         rule = sm90.select_tiles(call.tokens * call.top_k, call.experts, call.top_k, call.global_experts)

@@ -344,8 +344,14 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         note = "forced knobs"
     else:
         text = smod.decode_knobs(call.tokens, *key)
+        if text is None:  # no tuned knob set for the layer: the default set of its regime
+            text = dmod.default_knobs(call.tokens, call.top_k, call.hidden,
+                                      call.intermediate * (2 if call.activation.gated else 1), info.sms,
+                                      call.experts, call.global_experts)
+            note = f"default knobs {text}" if text else "default knobs"
+        else:
+            note = f"knobs {text}" if text else "default knobs"
         knobs = dmod.knob_items(text)
-        note = f"knobs {text}" if text else "default knobs"
         if settings.get().cute_decode == "1":
             note += ", W4A16_MOE_CUTE_DECODE=1"
         elif bound is not None:
@@ -368,7 +374,8 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
     fu, fd = dmod.forced_splits(knobs)
     su = fu if fu is not None else dmod.num_splits(up, n13, hp, call.tokens, call.top_k, info.sms, call.experts,
                                                    call.global_experts)
-    sd = fd if fd is not None else dmod.num_splits(down, hp, ip, call.tokens, call.top_k, info.sms)
+    sd = fd if fd is not None else dmod.num_splits(down, hp, ip, call.tokens, call.top_k, info.sms, call.experts,
+                                                   call.global_experts)
     counters = (dmod.scratch_sizes(up, n13, call.tokens, call.top_k, su)[1]
                 + dmod.scratch_sizes(down, hp, call.tokens, call.top_k, sd)[1])
     return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), (su, sd), (up, down),

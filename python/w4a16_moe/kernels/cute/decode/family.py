@@ -39,8 +39,8 @@ from ..sm90.family import group_param  # the decode kernels read the SM90 layout
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
-           "parse_knobs", "knob_items", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
-           "MIN_UNITS_PER_WARP", "MAX_SPLITS"]
+           "parse_knobs", "knob_items", "default_knobs", "default_knob_sets", "WIDE_KNOBS", "WIDE_TILES_PER_SM_EP", "EP_KNOBS", "NARROW_KNOBS", "NARROW_TILES_PER_SM", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
+           "MIN_UNITS_PER_WARP", "MAX_SPLITS", "SPLIT_CTA_WARPS"]
 
 FAMILY = "w4a16_decode_gemv"
 ARCHS = SM90_ARCHS
@@ -68,6 +68,11 @@ MAX_REREAD_FP4 = 1.02
 #: K split across CTAs (:func:`num_splits`): the split grid aims at this many CTAs per SM (about two waves of
 #: one 8-warp CTA per SM, or one wave of two: every SM gets work, with 8-16 warps' loads in flight each)
 SPLIT_WAVES = 2
+#: ... counted in CTAs of this many warps: a kernel of ``W`` warps per CTA aims at ``SPLIT_WAVES * sms * 8 / W``
+#: CTAs (264 of 8 warps, 528 of 4, 132 of 16 on an H200: the register file holds two 8-warp CTAs per SM, and a
+#: 16-warp CTA split in two only queues its second half; H200, one token, E=32, H=7168, I=2048, top-8, EP hint:
+#: 16-warp persistent gate/up 8.4 us at S = 1 against 13.0 at S = 2)
+SPLIT_CTA_WARPS = 8
 #: ... and keeps at least this many k64 units of work per warp of every CTA (a split CTA with less would
 #: spend more on its launch, partial store and arrival than on its loads)
 MIN_UNITS_PER_WARP = 2
@@ -81,7 +86,31 @@ LAYOUT = {"w13": dict(m64_per_block=2, k_tile=128), "w2": dict(m64_per_block=4, 
 #: (the H200 sweep at revision 2cae0a5+: w8u8/w8u4 is within 8% of the best set at 1-16 tokens of W1 and
 #: 1-8 tokens of W2; the tuned table names the best set per row)
 KNOBS = {"gate_up": dict(warps=8, unroll=8), "down": dict(warps=8, unroll=4)}
-
+#: the knob set of a call with the expert-parallel hint (:func:`default_knobs`): a persistent gate/up grid of at
+#: most 264 CTAs (two per SM of a 132-SM H100 / H200; a grid-stride loop, correct on any SM count). The plain
+#: grid holds a CTA for every route, valid or not; with a few local routes among many most CTAs exit at once
+#: and the working ones land unevenly. H200 (docs/perf/2026-12-02-decode-defaults): 6-27% faster than
+#: :data:`KNOBS` at one to four tokens of three EP layers
+EP_KNOBS = "w8u8c264/w8u4"
+#: the knob set of a call whose gate/up grid has at most one working tile per SM (:func:`default_knobs`) and a K
+#: of at least 16 load batches (H >= 4096): one 16-warp CTA per SM (a persistent grid of at most 132 CTAs, as
+#: :data:`EP_KNOBS`) splits each tile's K over 16 warps inside the CTA, where 8-warp CTAs would need a K split
+#: across CTAs (a partial store and an arrival per CTA). H200, one token (docs/perf/2026-12-02-decode-defaults):
+#: 11-18% faster on the five layers measured with 64-128 working tiles, EP and not
+WIDE_KNOBS = "w16u4c132/w16u2"
+#: ... its grid bound with the expert-parallel hint, in working tiles per SM (without it: one). Chosen on three
+#: H200 sweeps of 16-40 decode rows each (every knob set of :func:`default_knob_sets` timed per row): the
+#: default's time over the row's best, geometric mean 1.021-1.024 with 2, 1.035-1.044 with 1 for every call
+WIDE_TILES_PER_SM_EP = 2
+#: the knob set of a gate/up kernel with 4-warp CTAs (:func:`default_knobs`): no warp idles where K has fewer
+#: load batches than 8 warps (H < 4096), and where the grid is large anyway (:data:`NARROW_TILES_PER_SM`) more
+#: CTAs fit on an SM (the decode kernels' CTAs are register-bound: two 8-warp or five 4-warp CTAs per SM)
+NARROW_KNOBS = "w4u8/w8u4"
+#: ... its grid bound: at least this many gate/up output tiles (CTAs without a split) per SM. H200: 9-20% faster
+#: than 8 warps on every row of E=8, H=4096, I=14336 and E=16, H=5120, I=8192 (512-7168 tiles), within 1% on
+#: Kimi-K2's shape at 512 tiles, and 13-17% slower at 128-256 tiles, where each warp's longer K range is the
+#: latency
+NARROW_TILES_PER_SM = 3
 
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
@@ -149,6 +178,32 @@ def forced_splits(knobs: tuple) -> tuple:
     return tuple(d.get(m, {}).get("splits") for m in ("gate_up", "down"))
 
 
+def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: int,
+                  num_experts: Optional[int] = None, num_global_experts: Optional[int] = None) -> str:
+    """The knob set (:func:`parse_knobs`; ``""``: :data:`KNOBS`) of a call the tuned table names none for, from
+    its gate/up grid: ``4 * gate_up_rows / 128`` output tiles per working route (``tokens * top_k``, or with
+    the expert-parallel hint, ``num_experts`` local of ``num_global_experts``, the expected local routes, at
+    least one) and its K (``hidden``): :data:`WIDE_KNOBS` for at most one tile per SM (with the hint
+    :data:`WIDE_TILES_PER_SM_EP`) and at least 16 batches of 4 units; else :data:`EP_KNOBS` with the hint; else :data:`NARROW_KNOBS` for fewer batches of 8 units than 8
+    warps or at least :data:`NARROW_TILES_PER_SM` tiles per SM; else the defaults."""
+    ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
+    routes = max(1, round(tokens * top_k * num_experts / num_global_experts)) if ep else tokens * top_k
+    tiles = 4 * (gate_up_rows // (64 * LAYOUT["w13"]["m64_per_block"])) * routes
+    units = hidden // 64
+    if tiles <= (WIDE_TILES_PER_SM_EP if ep else 1) * sms and -(-units // 4) >= 16:
+        return WIDE_KNOBS
+    if ep:
+        return EP_KNOBS
+    up = KNOBS["gate_up"]
+    short = -(-units // up["unroll"]) < up["warps"]
+    return NARROW_KNOBS if short or tiles >= NARROW_TILES_PER_SM * sms else ""
+
+
+def default_knob_sets() -> list:
+    """Every knob set :func:`default_knobs` can return (the AOT set and the tuner time each)."""
+    return ["", WIDE_KNOBS, EP_KNOBS, NARROW_KNOBS]
+
+
 def num_parts(cfg, k: int, splits: int = 1) -> int:
     """K parts per route: about ``unroll`` k64 units each (one load batch), at most one per warp of the
     route's ``splits`` CTAs. A long K (gate/up: K = H) gets one part per warp; a short one (down in a TP
@@ -167,25 +222,34 @@ def tile_ctas(cfg, n: int, rows: int) -> int:
 def num_splits(cfg, n: int, k: int, tokens: int, top_k: int, sms: int, num_experts: Optional[int] = None,
                num_global_experts: Optional[int] = None) -> int:
     """The K split of one decode kernel (gate_up: ``n`` = gate/up rows, ``k`` = H; down: ``n`` = H, ``k`` =
-    I): the largest power of two ``S <= MAX_SPLITS`` with ``tiles * S <= SPLIT_WAVES * sms`` CTAs and at least
+    I): the largest power of two ``S <= MAX_SPLITS`` with ``tiles * S <= SPLIT_WAVES * sms * 8 / warps`` CTAs
+    (:data:`SPLIT_CTA_WARPS`) and at least
     :data:`MIN_UNITS_PER_WARP` k64 units per warp of each CTA (a tile's work: ``K / 64`` units of its route
-    for gate_up, ``top_k * I / 64`` for down), else 1. ``tiles`` assumes every route is local (the host does
-    not know how many are), except for gate_up with the expert-parallel hint (``num_experts`` local of
-    ``num_global_experts``): only the expected local routes ``T * top_k * E / E_global`` count there (the
-    other routes' CTAs exit at once), so an EP rank's decode step splits its few working tiles.
+    for gate_up, ``routes * I / 64`` for down), and more work items (gate_up: K parts ``num_parts(cfg, k, S)``;
+    down: ``(route, part)`` items, ``routes`` times that) than the warps of ``S / 2`` CTAs: a split that only
+    adds idle warps costs the partials and the arrival, and saves nothing. ``routes`` is ``top_k``, or with the
+    expert-parallel hint (``num_experts`` local of ``num_global_experts``) the expected local routes of a token
+    ``top_k * E / E_global`` (at least one); gate_up's ``tiles`` then count only the expected local routes
+    ``T * top_k * E / E_global`` (the other routes' CTAs exit at once), so an EP rank's decode step splits its
+    few working tiles. Without the hint every route counts as local (the host does not know how many are).
 
     On an H200 (132 SMs, 264 CTAs), default knobs (8 warps), one token: E=8, H=4096, I=14336, top-2: gate_up
-    1792 tiles -> 1, down 64 tiles (448 units) -> 4 (256 CTAs); Kimi-K2 TP8 (H=7168, I=256, top-8): gate_up
-    128 tiles (112 units) -> 2 (256 CTAs), down 112 tiles (32 units: 2 per warp at S=2) -> 2 (224 CTAs)."""
+    1792 tiles -> 1, down 64 tiles (448 units, 32 items at S=2) -> 4 (256 CTAs); Kimi-K2 TP8 (H=7168, I=256,
+    top-8): gate_up 128 tiles (112 units) -> 2 (256 CTAs), down 112 tiles (8 routes of one 4-unit part: 8
+    items, one per warp already) -> 1."""
+    ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
     rows = tokens * top_k if cfg.mode == "gate_up" else tokens
-    if cfg.mode == "gate_up" and num_experts and num_global_experts and num_global_experts > num_experts:
+    if cfg.mode == "gate_up" and ep:
         # the expert-parallel hint: only the expected local routes' CTAs work (the others exit at once)
         rows = max(1, round(tokens * top_k * num_experts / num_global_experts))
     tiles = tile_ctas(cfg, n, rows)
-    work = k // 64 if cfg.mode == "gate_up" else top_k * (k // 64)
+    routes = 1 if cfg.mode == "gate_up" else (max(1, round(top_k * num_experts / num_global_experts)) if ep
+                                              else top_k)
+    work = routes * (k // 64)
     s = 1
-    while (2 * s <= MAX_SPLITS and tiles * 2 * s <= SPLIT_WAVES * sms
-           and work >= 2 * s * cfg.warps * MIN_UNITS_PER_WARP):
+    while (2 * s <= MAX_SPLITS and tiles * 2 * s * cfg.warps <= SPLIT_WAVES * sms * SPLIT_CTA_WARPS
+           and work >= 2 * s * cfg.warps * MIN_UNITS_PER_WARP
+           and routes * num_parts(cfg, k, 2 * s) > s * cfg.warps):
         s *= 2
     return s
 
@@ -260,8 +324,8 @@ def knob_items(text: Optional[str]) -> tuple:
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None,
              biases=(False,)) -> list:
-    """Every spec the provider can select for the given schemes (default: every scheme): the default knobs,
-    plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those), for
+    """Every spec the provider can select for the given schemes (default: every scheme): the default knob sets
+    (:func:`default_knob_sets`), plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those), for
     each bias setting of ``biases``."""
     from ....formats.schemes import SCHEMES
 
@@ -270,7 +334,7 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:
-            sets = list(knobs) if knobs is not None else [()] + [
+            sets = list(knobs) if knobs is not None else [knob_items(k) for k in default_knob_sets()] + [
                 knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name, dt)]
             for kn in sets:
                 for act in activations:
@@ -285,12 +349,12 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
 
 def gpt_oss_variants() -> list:
     """The decode specs the gpt-oss experts (:data:`..sm90.family.GPT_OSS`: MXFP4, BF16, ``swiglu_oai``,
-    with and without biases) select, default knobs."""
+    with and without biases) select, with each default knob set (:func:`default_knob_sets`)."""
     from ....formats.schemes import get_scheme
 
     g = sm90_family.GPT_OSS
     return variants(schemes=[get_scheme(g["scheme"])], dtypes=g["dtypes"], activations=g["activations"],
-                    knobs=[()], biases=g["biases"])
+                    knobs=[knob_items(k) for k in default_knob_sets()], biases=g["biases"])
 
 
 def aot_variants(subset: str) -> list:
