@@ -2,11 +2,11 @@
 
     python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
         [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500] [--kernels]
-        [--splits rule,1] [--decode-only]
+        [--splits rule,1] [--decode-only] [--no-hint]
 
 For each layer (``E,H,I,TOPK[,E_GLOBAL]``: uniform routing over the E local experts, or with ``E_GLOBAL > E``
 over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-parallel rank, its calls carrying the
-``global_num_experts`` hint) and token count it times, like the
+``global_num_experts`` hint, or with ``--no-hint`` not) and token count it times, like the
 autotuner (:mod:`w4a16_moe.kernels.cute.autotune`: first call checked against the FP32 reference, then CUDA
 graph replays), every candidate of ``autotune.candidates`` whose kernels the loader has (prebuilt or cached):
 the rule's buckets and the tuned table's tiles of the SM90 family, the warp family's tiles, each with the
@@ -84,6 +84,9 @@ def main(argv=None) -> int:
                     help="split-K choices of the grouped tiles to time: 'rule' and / or counts (default all)")
     ap.add_argument("--decode-only", action="store_true",
                     help="time only the decode path's choices (and the default choice), not the grouped tiles")
+    ap.add_argument("--no-hint", action="store_true",
+                    help="layers with E_GLOBAL: draw the routing over E_GLOBAL experts but call without the "
+                         "expert-parallel hint (an EP rank whose caller passes no global expert count)")
     ap.add_argument("--kernels", action="store_true",
                     help="also record each choice's kernels apart (torch.profiler, eager calls, launch order)")
     args = ap.parse_args(argv)
@@ -119,7 +122,8 @@ def main(argv=None) -> int:
             if time.perf_counter() - t_start > args.budget_s:
                 print(f"# budget spent: {spec} T={t} and later rows not measured", flush=True)
                 break
-            call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name, global_experts=g)
+            call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name,
+                           global_experts=None if args.no_hint else g)
             default = at._default_choice(call, info)
             cands = [c for c in at.candidates(call, info, memo=memo) if kept(c, default, splits, args.decode_only)]
             x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t, global_experts=g)
@@ -134,7 +138,8 @@ def main(argv=None) -> int:
             dflt = next((r for r in ok if r["default"]), None)
             print(f"{spec} T={t}: {len(ok)} timed; best {best and best['choice']} {best and best['us']} us;"
                   f" default {dflt and dflt['choice']} {dflt and dflt['us']} us", flush=True)
-            rows.append(dict(layer=spec, E=e, E_global=g or e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme, dtype=args.dtype,
+            rows.append(dict(layer=spec, E=e, E_global=g or e, hint=bool(g) and not args.no_hint, H=h, I=i, top_k=k,
+                             tokens=t, scheme=args.scheme, dtype=args.dtype,
                              finalize=args.finalize, default=default and default.label(), results=res))
             if args.json:  # after every row: a run cut short keeps what it measured
                 with open(args.json, "w") as f:

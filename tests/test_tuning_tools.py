@@ -209,3 +209,9 @@ def test_sweep_tiles_decode_only_keeps_the_decode_choices_and_the_default():
     assert [kept(c, dflt, everything, False) for c in (dec, dflt, other, split4)] == [True, True, True, True]
     assert [kept(c, dflt, {None}, False) for c in (dec, dflt, other, split4)] == [True, True, True, False]
     assert kept(dec, None, set(), True) and not kept(other, None, {None}, True)
+
+
+def test_sweep_tiles_documents_its_flags():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep_tiles.py"), "--help"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "--no-hint" in r.stdout and "--decode-only" in r.stdout
