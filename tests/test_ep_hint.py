@@ -99,8 +99,12 @@ def test_deepseek_ep8_tuned_rows_serve_hinted_calls_through_their_ep_key():
         plain = provider.plan(_call(DEEPSEEK_EP8, t), H200)
         hinted = provider.plan(_call(DEEPSEEK_EP8, t, hint=True), H200)
         assert (hinted.family, hinted.tiles, hinted.configs) == (plain.family, plain.tiles, plain.configs), t
-        # both split rules count the expected local routes (fewer tiles, fewer CTAs): a hinted call may split more
-        assert all(h >= p for h, p in zip(hinted.splits, plain.splits)), t
+        # both split rules count the expected local routes (fewer tiles, fewer CTAs): a hinted call may split more,
+        # except the decode down kernel, whose work per token is its expected local routes: it may split less
+        if plain.decode:
+            assert hinted.splits[0] >= plain.splits[0] and hinted.splits[1] <= plain.splits[1], t
+        else:
+            assert all(h >= p for h, p in zip(hinted.splits, plain.splits)), t
         assert hinted.note.startswith(plain.note) and "EP hint" in hinted.note
     # a layer whose tuned rows are keyed without E_global never serves a hinted call with them
     kimi = (384, 7168, 256, 8, 768, "int4_g32")
