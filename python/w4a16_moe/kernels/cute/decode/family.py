@@ -36,6 +36,7 @@ from ....archs import SM90_ARCHS
 from ....loader.spec import KernelSpec, config_codec
 from ..sm90 import family as sm90_family
 from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
+from ..tiles import expected_local
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
@@ -178,6 +179,14 @@ def forced_splits(knobs: tuple) -> tuple:
     return tuple(d.get(m, {}).get("splits") for m in ("gate_up", "down"))
 
 
+def _local_routes(routes: int, top_k: int, num_experts: Optional[int], num_global_experts: Optional[int]) -> int:
+    """``routes`` routes (of ``top_k`` per token) as the expected local ones under the expert-parallel hint
+    (:func:`..tiles.expected_local`, at least one); ``routes`` itself without the hint."""
+    if not (num_experts and num_global_experts and num_global_experts > num_experts):
+        return routes
+    return max(1, round(expected_local(routes, num_experts, top_k, num_global_experts)[0]))
+
+
 def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: int,
                   num_experts: Optional[int] = None, num_global_experts: Optional[int] = None) -> str:
     """The knob set (:func:`parse_knobs`; ``""``: :data:`KNOBS`) of a call the tuned table names none for, from
@@ -187,15 +196,18 @@ def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: 
     :data:`WIDE_TILES_PER_SM_EP`) and at least 16 batches of 4 units; else :data:`EP_KNOBS` with the hint; else :data:`NARROW_KNOBS` for fewer batches of 8 units than 8
     warps or at least :data:`NARROW_TILES_PER_SM` tiles per SM; else the defaults."""
     ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
-    routes = max(1, round(tokens * top_k * num_experts / num_global_experts)) if ep else tokens * top_k
+    routes = _local_routes(tokens * top_k, top_k, num_experts, num_global_experts)
     tiles = 4 * (gate_up_rows // (64 * LAYOUT["w13"]["m64_per_block"])) * routes
     units = hidden // 64
-    if tiles <= (WIDE_TILES_PER_SM_EP if ep else 1) * sms and -(-units // 4) >= 16:
+
+    def batches_cover_warps(knobs: dict) -> bool:  # at least one load batch of K per warp
+        return -(-units // knobs["unroll"]) >= knobs["warps"]
+
+    if tiles <= (WIDE_TILES_PER_SM_EP if ep else 1) * sms and batches_cover_warps(parse_knobs(WIDE_KNOBS)["gate_up"]):
         return WIDE_KNOBS
     if ep:
         return EP_KNOBS
-    up = KNOBS["gate_up"]
-    short = -(-units // up["unroll"]) < up["warps"]
+    short = not batches_cover_warps(KNOBS["gate_up"])
     return NARROW_KNOBS if short or tiles >= NARROW_TILES_PER_SM * sms else ""
 
 
@@ -237,14 +249,13 @@ def num_splits(cfg, n: int, k: int, tokens: int, top_k: int, sms: int, num_exper
     1792 tiles -> 1, down 64 tiles (448 units, 32 items at S=2) -> 4 (256 CTAs); Kimi-K2 TP8 (H=7168, I=256,
     top-8): gate_up 128 tiles (112 units) -> 2 (256 CTAs), down 112 tiles (8 routes of one 4-unit part: 8
     items, one per warp already) -> 1."""
-    ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
-    rows = tokens * top_k if cfg.mode == "gate_up" else tokens
-    if cfg.mode == "gate_up" and ep:
-        # the expert-parallel hint: only the expected local routes' CTAs work (the others exit at once)
-        rows = max(1, round(tokens * top_k * num_experts / num_global_experts))
-    tiles = tile_ctas(cfg, n, rows)
-    routes = 1 if cfg.mode == "gate_up" else (max(1, round(top_k * num_experts / num_global_experts)) if ep
-                                              else top_k)
+    if cfg.mode == "gate_up":
+        # with the expert-parallel hint only the expected local routes' CTAs work (the others exit at once)
+        tiles = tile_ctas(cfg, n, _local_routes(tokens * top_k, top_k, num_experts, num_global_experts))
+        routes = 1
+    else:
+        tiles = tile_ctas(cfg, n, tokens)
+        routes = _local_routes(top_k, top_k, num_experts, num_global_experts)
     work = routes * (k // 64)
     s = 1
     while (2 * s <= MAX_SPLITS and tiles * 2 * s * cfg.warps <= SPLIT_WAVES * sms * SPLIT_CTA_WARPS
