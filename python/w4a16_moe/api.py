@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from . import ops
+from . import ep_observe, ops
 from .activations import Activation, get_activation
 from .formats.quantize import quantize_matrix
 from .formats.schemes import Scheme, get_scheme
@@ -114,8 +114,11 @@ def fused_moe(
         global_num_experts: the model's total expert count under expert parallelism (vLLM's name), a
             selection hint only: the CuTe provider then expects ``T * k * E / global_num_experts`` local
             routes (uniform routing) instead of ``T * k`` when it picks token tiles, split-K and the decode
-            path, and looks up tuned rows of that EP layer. Must be ``>= expert_offset + E``; None (or ``E``)
-            assumes every route is local. Results do not depend on it.
+            path, and looks up tuned rows of that EP layer. Must be ``>= expert_offset + E``; ``E`` says every
+            route is local. None: the layer's first eager call (outside ``warmup`` and CUDA-graph capture)
+            reads its ids once (one sync) and, if some valid id is not local, plans the layer's calls from then
+            on with ``max id + 1`` (:mod:`w4a16_moe.ep_observe`; ``W4A16_MOE_EP_OBSERVE=0``: assume all local).
+            Results do not depend on it beyond the plan's summation order.
 
     Returns:
         ``[T, H]`` in x's dtype: ``sum_j topk_weights[t, j] * (w2_e act(w13_e x[t] + b13_e) + b2_e)``.
@@ -198,6 +201,8 @@ def warmup(
 
     ``global_num_experts``: the hint the layer's :func:`fused_moe` calls will pass (expert parallelism); the
     plans warmed up and tuned are those of calls carrying it (a layer tuned with the hint is tuned apart).
+    Pass it for an expert-parallel layer even when its calls do not: warmup's synthetic ids never decide the
+    hint that such calls observe (:mod:`w4a16_moe.ep_observe`), so the plans warmed up are those they will run.
 
     Weights with a ``w13_perm`` (act order over H) run every call as the top-1 per-route half over ``T*k`` rows
     (:mod:`w4a16_moe.ops`): the CuTe kernels are loaded and tuned for that equivalent call (top-1, up to
@@ -222,16 +227,24 @@ def warmup(
         check_not_capturing()
         if not (isinstance(autotune_budget_s, (int, float)) and autotune_budget_s > 0):
             raise ValueError(f"autotune_budget_s: expected a positive number of seconds, got {autotune_budget_s!r}")
-    dev = weights.device
-    e = weights.num_experts
     # act order over H: every call runs as the top-1 per-route half over T*k rows of the weights without the
     # permutation (ops.py); that is the layer the CuTe kernels are loaded and tuned for
     plain = weights if weights.w13_perm is None else weights.without_w13_perm()
     k_run, t_run, fin_run = (top_k, max_tokens, tuple(finalize)) if plain is weights else \
         (1, max_tokens * top_k, ("deterministic",))
+    with ep_observe.paused():  # synthetic ids: they must not decide the layer's expert-parallel hint
+        return _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expert_offset, backend,
+                       masked_capacity, autotune, autotune_budget_s, autotune_jit, global_num_experts, k_run,
+                       t_run, fin_run)
+
+
+def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expert_offset, backend, masked_capacity,
+            autotune, autotune_budget_s, autotune_jit, global_num_experts, k_run, t_run, fin_run) -> list[int]:
     from .providers import resolve_backend, select_provider
     from .validate import check_moe_call
 
+    dev = weights.device
+    e = weights.num_experts
     probe_x = torch.zeros(1, weights.hidden_size, dtype=dtype, device=dev)
     probe_ids = torch.full((1, top_k), expert_offset, dtype=torch.int32, device=dev)
     call = check_moe_call(probe_x, weights, torch.ones(1, top_k, device=dev), probe_ids, activation=activation,

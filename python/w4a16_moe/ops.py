@@ -38,10 +38,12 @@ the permutation's metadata is checked here (its values, once, when :class:`MoEWe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
 
+from .ep_observe import observed_global_experts
 from .formats.schemes import get_scheme
 from .formats.weights import MoEWeights, QuantizedMatrix, check_w13_perm
 from .providers import get_provider, resolve_backend, select_provider
@@ -175,11 +177,17 @@ def _run_routed(x, wts, topk_weights, topk_ids, scheme, activation, finalize, ex
         x, weights, topk_weights, topk_ids, activation=activation, finalize=finalize,
         expert_offset=expert_offset, out=out, global_num_experts=global_num_experts,
     )
+    backend = resolve_backend(backend)
+    if global_num_experts is None and backend in ("auto", "cute"):
+        g = observed_global_experts(weights.w13.codes, topk_ids, call.experts, call.expert_offset)
+        if g is not None:
+            global_num_experts = g
+            call = dataclasses.replace(call, global_experts=g)
     if w13_perm is not None:
         _check_perm(w13_perm, weights)
         _run_permuted(call, x, weights, w13_perm, topk_weights, topk_ids, backend, out, global_num_experts)
         return
-    decision = select_provider(call, resolve_backend(backend))
+    decision = select_provider(call, backend)
     get_provider(decision.provider).run(decision.plan, call, x, weights, topk_weights, topk_ids, out)
 
 

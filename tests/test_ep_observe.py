@@ -1,0 +1,151 @@
+"""The expert-parallel hint read from a layer's first call (``w4a16_moe.ep_observe``), on the CPU: what the call
+that follows is planned with, once per layer, and where no decision is taken (warmup, explicit hints, the
+setting, other backends)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import w4a16_moe as wm
+from conftest import HAS_CUDA, random_routing, random_weights, run_cute_moe
+from w4a16_moe import ep_observe, ops
+
+
+@pytest.fixture(autouse=True)
+def _fresh_decisions(monkeypatch):
+    monkeypatch.delenv("W4A16_MOE_EP_OBSERVE", raising=False)
+    ep_observe.forget()
+    yield
+    ep_observe.forget()
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """The ``global_experts`` of every call description the provider selection sees, in call order."""
+    from w4a16_moe import providers
+
+    seen = []
+    real = providers.select_provider
+
+    def spy(call, backend):  # records, then runs the FP32 reference (this machine has no GPU)
+        seen.append(call.global_experts)
+        return real(call, "reference")
+
+    monkeypatch.setattr(ops, "select_provider", spy)
+    monkeypatch.setattr(providers, "select_provider", lambda call, backend: real(call, "reference"))
+    return seen
+
+
+@pytest.fixture(scope="module")
+def layer():
+    """4 local experts of a 32-expert model; x and routing of 8 tokens, top-2, uniform over the 32."""
+    w = random_weights("int4_g32", 4, 64, 64)
+    tw, ids = random_routing(8, 2, 32, seed=5)
+    return w, torch.randn(8, 64, dtype=torch.float16), tw, ids
+
+
+def _ids_with_max(ids, top):
+    ids = ids.clone()
+    ids[0, 0] = top
+    return ids
+
+
+@pytest.mark.parametrize("offset", [0, 12, 28])  # the first, a middle and the last rank of 8
+def test_first_call_decides_the_hint_for_every_later_call(layer, planned, offset):
+    w, x, tw, ids = layer
+    ids = _ids_with_max(ids.clamp(max=30), 31)  # reaches the last global id
+    ref = wm.fused_moe(x, w, tw, ids, expert_offset=offset, backend="reference")
+    assert planned == [None]  # backend="reference" neither observes nor needs a hint
+    out = wm.fused_moe(x, w, tw, ids, expert_offset=offset)
+    assert torch.equal(out, ref)
+    local = torch.full_like(ids, offset)  # a later call with only local ids keeps the decision
+    wm.fused_moe(x, w, tw, local, expert_offset=offset)
+    assert planned == [None, 32, 32]
+
+
+def test_only_the_cute_and_auto_backends_observe(layer, planned):
+    w, x, tw, ids = layer
+    wm.fused_moe(x, w, tw, ids, backend="triton")  # Triton plans take no hint: nothing to decide
+    wm.fused_moe(x, w, tw, ids, backend="cute")
+    assert planned == [None, int(ids.max()) + 1]
+
+
+def test_the_hint_is_the_largest_id_plus_one_at_least_the_local_range(layer, planned):
+    w, x, tw, ids = layer
+    wm.fused_moe(x, w, tw, torch.where(ids < 4, ids, 17), expert_offset=0)
+    assert planned == [18]
+    ep_observe.forget()
+    below = torch.full_like(ids, 5)
+    below[3, 1] = 1  # below the local range 2..5
+    wm.fused_moe(x, w, tw, below, expert_offset=2)
+    assert planned == [18, 6]  # max id 5 + 1 = expert_offset + E: the smallest hint the rules accept
+
+
+def test_all_local_or_invalid_ids_decide_no_expert_parallelism(layer, planned):
+    w, x, tw, ids = layer
+    masked = torch.where(ids < 4, ids, -1)  # invalid routes are not another rank's experts
+    wm.fused_moe(x, w, tw, masked)
+    wm.fused_moe(x, w, tw, ids)  # decided once: later ids do not change the plan
+    assert planned == [None, None]
+
+
+def test_warmup_and_explicit_hints_decide_nothing(layer, planned):
+    w, x, tw, ids = layer
+    with ep_observe.paused():
+        wm.fused_moe(x, w, tw, ids)
+    wm.warmup(w, dtype=torch.float16, top_k=2, max_tokens=2, finalize="deterministic", backend="auto")
+    wm.fused_moe(x, w, tw, ids, global_num_experts=4)  # the caller said: every expert is local
+    assert planned[0] is None and all(g is None for g in planned)
+    wm.fused_moe(x, w, tw, ids)
+    assert planned[-1] == int(ids.max()) + 1  # the first call that may decide
+
+
+def test_the_setting_turns_it_off(layer, planned, monkeypatch):
+    w, x, tw, ids = layer
+    monkeypatch.setenv("W4A16_MOE_EP_OBSERVE", "0")
+    wm.fused_moe(x, w, tw, ids)
+    monkeypatch.setenv("W4A16_MOE_EP_OBSERVE", "1")
+    wm.fused_moe(x, w, tw, ids)
+    assert planned == [None, int(ids.max()) + 1]
+
+
+def test_layers_and_expert_ranges_decide_apart(layer, planned):
+    w, x, tw, ids = layer
+    other = random_weights("int4_g32", 4, 64, 64, seed=1)
+    wm.fused_moe(x, w, tw, ids)
+    wm.fused_moe(x, other, tw, torch.where(ids < 4, ids, -1))
+    wm.fused_moe(x, w, tw, ids, expert_offset=4)
+    wm.fused_moe(x, other, tw, ids)
+    g = int(ids.max()) + 1
+    assert planned == [g, None, g, None]
+
+
+# ------------------------------------------------------------------------------------------------ on the GPU
+@pytest.mark.gpu
+@pytest.mark.skipif(not (HAS_CUDA and torch.cuda.get_device_capability()[0] == 9), reason="needs an SM90 GPU")
+def test_gpu_unhinted_ep_rank_runs_the_hinted_plan():
+    """16 local experts of 128, 64 tokens top-8: all routes counted local, the plan takes the WGMMA family's
+    large token tiles; with the hint (observed on the first call) the warp family's small ones."""
+    from w4a16_moe.device import probe
+    from w4a16_moe.kernels.cute import provider as prov
+
+    w = random_weights("int4_g128", 16, 1024, 512, dtype=torch.bfloat16, device="cuda", seed=4)
+    x, tw, ids, out = run_cute_moe(w, 64, 8, num_global=128, seed=9)  # the first call decides
+    g = ep_observe.observed_global_experts(w.w13.codes, ids, 16, 0)
+    assert g == int(ids.max()) + 1 and g >= 120
+    plain = prov.plan(_call(w, x, 64, 8, None), probe(x.device))
+    hinted = prov.plan(_call(w, x, 64, 8, g), probe(x.device))
+    assert plain.family == "sm90" and hinted.family == "warp"  # the hint changes the plan
+    again = torch.full_like(x, float("nan"))
+    wm.fused_moe(x, w, tw, ids, backend="cute", out=again)
+    hint = wm.fused_moe(x, w, tw, ids, backend="cute", global_num_experts=g)
+    assert torch.equal(again, out) and torch.equal(hint, out)  # every call of the layer: the hinted plan
+
+
+def _call(w, x, t, k, g):
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.validate import MoECall
+
+    return MoECall(t, k, w.hidden_size, w.intermediate_size, w.num_experts, x.dtype, x.device,
+                   get_activation("swiglu"), "deterministic", 0, w.scheme.name, global_experts=g)
