@@ -49,6 +49,9 @@ GPT_OSS_DECODE_TESTS = (((("mxfp4", "int4_g128_zp"), ("bf16",)), (("int4_g32",),
 TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528", "w4u8s3/w4u4s3", "w4u8c5s3/w4u4c3s3",
                      "w4u8c396s3/w4u4c528s3")
 
+#: tests/test_cute_decode.py's PREFETCH_FP32_KNOBS (a K split adds no specs)
+TEST_PREFETCH_FP32_KNOBS = ("w8u8fx/w8u4x", "w4u8c5fx/w4u4c3x")
+
 
 def _gpt_oss_test_plans() -> list:
     """The kernels of the gpt-oss GPU tests' calls whose token counts take the warp-MMA rule buckets (their
@@ -110,8 +113,10 @@ def device_specs(decode_knobs=()) -> list:
                               knobs=[dec.knob_items(k) for k in kn], biases=(True,))
     # the persistent decode grids tests/test_cute_decode.py forces, for every scheme, dtype and activation
     specs += dec.variants(knobs=[dec.knob_items(k) for k in TEST_DECODE_KNOBS])
+    # the L2-prefetch / FP32-scale knob sets tests/test_cute_decode.py forces (SwiGLU, every scheme and dtype)
+    specs += dec.variants(knobs=[dec.knob_items(k) for k in TEST_PREFETCH_FP32_KNOBS], activations=("swiglu",))
     knobs = [dec.knob_items(k) for k in decode_knobs]
-    specs += dec.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+    specs += dec.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16", "fp16"),
                           activations=("swiglu",), knobs=knobs or ((),))
     out, seen = [], set()
     for s in specs:

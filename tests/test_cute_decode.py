@@ -80,6 +80,25 @@ def test_schemes(scheme, dtype, finalize, grid):
     _run(w, 5, 4, dtype=dtype, finalize=finalize, offset=8, num_global=24)  # EP: 8 local of 24 experts
 
 
+#: knob sets with the gate/up L2 prefetch (``f``) and FP32 group scales (``x``; FP4 schemes ignore it): the plain
+#: grid, a persistent grid of 5 / 3 CTAs (many units per CTA: the next unit's prefetch, several windows at 33
+#: tokens), and a K split of 2 (the prefetch split between the split CTAs)
+PREFETCH_FP32_KNOBS = ["w8u8fx/w8u4x", "w4u8c5fx/w4u4c3x", "w8u8fxs2/w8u4xs2"]
+
+
+@pytest.mark.parametrize("knobs", PREFETCH_FP32_KNOBS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_l2_prefetch_and_fp32_scales(scheme, dtype, knobs):
+    w = _weights(scheme, dtype=dtype, seed=5)
+    with overrides.forced_decode(dec.parse_knobs(knobs)):
+        _run(w, 5, 4, dtype=dtype, offset=8, num_global=24)  # EP: 8 local of 24 experts, invalid routes
+        x, tw, ids, out = _run(w, 33, 4, dtype=dtype, seed=3)
+        again = torch.full_like(out, float("nan"))
+        wm.fused_moe(x, w, tw, ids, backend="cute", out=again)
+        assert torch.equal(again, out)  # deterministic: bit-identical repeats
+
+
 @pytest.mark.parametrize("activation", ["swiglu", "geglu", "relu2", "silu"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_activations(activation, dtype):

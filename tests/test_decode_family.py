@@ -55,6 +55,28 @@ def test_parse_knobs():
         dec.parse_knobs("8x4")
 
 
+def test_parse_knobs_prefetch_and_fp32_scale():
+    assert dec.parse_knobs("w16u4c132fx/w16u2x") == {
+        "gate_up": {"warps": 16, "unroll": 4, "ctas": 132, "l2_prefetch": True, "fp32_scale": True},
+        "down": {"warps": 16, "unroll": 2, "fp32_scale": True}}
+    assert dec.parse_knobs("w8u8fs2/w8u4xs1p0") == {
+        "gate_up": {"warps": 8, "unroll": 8, "l2_prefetch": True, "splits": 2},
+        "down": {"warps": 8, "unroll": 4, "fp32_scale": True, "splits": 1, "pdl": False}}
+    for bad in ("w8u8/w8u4f", "w8u8xf/w8u4", "w8u8s2f/w8u4"):  # f: gate_up only; the order c, f, x, s, p0
+        with pytest.raises(ValueError, match="wNuM"):
+            dec.parse_knobs(bad)
+    for text in ("w16u4c132fx/w16u2x", "w8u8fs2/w8u4xs1p0", "w4u8f/w8u4", "w8u8/w8u4"):
+        assert dec.knob_text(dec.knob_items(text)) == text  # the text round-trips
+    up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items("w16u4c132fx/w16u2x"))
+    assert up.l2_prefetch and up.fp32_scale and down.fp32_scale and not down.l2_prefetch
+    assert up.name().endswith("_c132_l2pf_s32") and down.name().endswith("_pdl_s32")
+    assert all(dec.config_from_spec(dec.spec_for(c)) == c for c in (up, down))
+    # FP4 codes have no FP32-scale variant: the knob leaves their configs as they are
+    fp4 = dec.configs(get_scheme("nvfp4"), "bf16", "swiglu", dec.knob_items("w16u4c132fx/w16u2x"))
+    assert fp4 == dec.configs(get_scheme("nvfp4"), "bf16", "swiglu", dec.knob_items("w16u4c132f/w16u2"))
+    assert not any(c.fp32_scale for c in fp4)
+
+
 def test_num_parts():
     up, down = dec.configs(get_scheme("int4_g32"), "bf16", "swiglu")
     assert dec.num_parts(up, 7168) == up.warps  # 112 k64 units: one part per warp
@@ -333,7 +355,6 @@ def test_split_capacity_counts_warps():
     # one token of E=32 of 256, H=7168, I=2048, top-8: 128 working gate/up tiles
     assert dec.num_splits(w8, 4096, 7168, 1, 8, 132, 32, 256) == 2
     assert dec.num_splits(w16, 4096, 7168, 1, 8, 132, 32, 256) == 1
-    # one token of E=128, H=5120, I=1024, top-1: 64 tiles of 80 units
     # one token of E=128, H=5120, I=1024, top-1: 64 gate/up tiles of 80 units (10 parts of 8)
     assert dec.num_splits(w8, 2048, 5120, 1, 1, 132) == 2  # 10 parts: S = 4 would leave 22 of 32 warps idle
     assert dec.num_splits(w4, 2048, 5120, 1, 1, 132) == 4  # 10 parts over 16 warps; S = 8 adds only idle ones

@@ -131,21 +131,9 @@ def _default_choice(call, info) -> Optional[Choice]:
 
 def _knob_text(knobs: tuple) -> str:
     """Decode knob items back to the ``"w8u8/w8u4"`` text (``""``: the defaults)."""
-    if not knobs:
-        return ""
-    parts = []
-    for mode in ("gate_up", "down"):
-        d = dict(dict(knobs).get(mode, ()))
-        if not d:
-            from .decode.family import KNOBS
+    from .decode.family import knob_text
 
-            d = dict(KNOBS[mode])
-        s = (f"w{d['warps']}u{d['unroll']}" + (f"c{d['ctas']}" if "ctas" in d else "")
-             + (f"s{d['splits']}" if "splits" in d else ""))
-        if mode == "down" and d.get("pdl") is False:
-            s += "p0"
-        parts.append(s)
-    return "/".join(parts)
+    return knob_text(knobs)
 
 
 def with_decode_split(text: str, split: Optional[int]) -> str:

@@ -33,6 +33,12 @@ class DecodeGemvConfig:
     unroll: int = 4  # k64 units per load batch (16-byte weight loads in flight per thread: X * unroll)
     pdl: bool = True  # down: programmatic dependent launch (prefetch the weights into L2 while gate/up runs)
     ctas: int = 0  # > 0: a persistent grid of at most this many CTAs over the compacted work (see decode.gemv)
+    # gate_up: each CTA asks L2 for its work unit's weights (one bulk prefetch) before it loads them, and a
+    # persistent CTA for its next unit's while it works on one (see decode.gemv)
+    l2_prefetch: bool = False
+    # INT4: the group scale applied in FP32 to each group's mma.sync sum instead of to every weight in 16 bits
+    # before it (one packed multiply per two weights fewer; no rounding of the scaled weight; see decode.gemv)
+    fp32_scale: bool = False
     # per-expert FP32 bias added before the output is stored (gate_up: the w13 bias before the activation;
     # down: the token's weighted w2 biases, sum_j w_j b2[e_j]); the table [E, n] rides in the route_start slot
     bias: bool = False
@@ -47,6 +53,8 @@ class DecodeGemvConfig:
         act = ("_" + act_tag(self.activation)) if self.mode == "gate_up" else ""
         pdl = "_pdl" if self.pdl and self.mode == "down" else ""
         ctas = f"_c{self.ctas}" if self.ctas else ""
+        ctas += "_l2pf" if self.l2_prefetch and self.mode == "gate_up" else ""
+        ctas += "_s32" if self.fp32_scale else ""
         bias = "_bias" if self.bias else ""
         return (f"dec_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_k{self.k_tile}"
                 f"_w{self.warps}_u{self.unroll}{act}{pdl}{ctas}{bias}")

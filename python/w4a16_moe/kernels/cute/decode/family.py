@@ -40,7 +40,7 @@ from ..tiles import expected_local
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
-           "parse_knobs", "knob_items", "default_knobs", "default_knob_sets", "WIDE_KNOBS", "WIDE_TILES_PER_SM_EP", "EP_KNOBS", "NARROW_KNOBS", "NARROW_TILES_PER_SM", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
+           "parse_knobs", "knob_items", "knob_text", "default_knobs", "default_knob_sets", "WIDE_KNOBS", "WIDE_TILES_PER_SM_EP", "EP_KNOBS", "NARROW_KNOBS", "NARROW_TILES_PER_SM", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
            "MIN_UNITS_PER_WARP", "MAX_SPLITS", "SPLIT_CTA_WARPS"]
 
 FAMILY = "w4a16_decode_gemv"
@@ -135,7 +135,9 @@ def configs(scheme, dtype: str, activation: str, knobs: tuple = (), bias: bool =
     items overriding :data:`KNOBS` (the tuner's variants; a ``splits`` item is a launch parameter, not a
     config field: :func:`forced_splits`); ``bias``: the layer has per-expert biases (both kernels add theirs;
     a matrix without one reads a zero table)."""
-    over = {m: tuple(kv for kv in v if kv[0] != "splits") for m, v in dict(knobs).items()}
+    # (the split is a launch parameter; FP4 codes have no FP32-scale variant: the knob means nothing for them)
+    over = {m: tuple(kv for kv in v if kv[0] != "splits" and not (kv[0] == "fp32_scale" and scheme.is_fp4))
+            for m, v in dict(knobs).items()}
     base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4, bias=bias)
     up = kernel_config(mode="gate_up", activation=activation, **base, **LAYOUT["w13"],
                        **dict(KNOBS["gate_up"], **dict(over.get("gate_up", ()))))
@@ -150,25 +152,30 @@ def _as_items(knobs: dict) -> tuple:
 
 def parse_knobs(text: str) -> dict:
     """``"w8u4/w8u2"`` (gate_up / down: warps ``w``, unroll ``u``; optional suffixes, in this order: ``c<N>``
-    a persistent grid of at most N CTAs, ``s<N>`` a K split over N CTAs per output tile (1..65535; without
-    it the rule :func:`num_splits` picks), and on the down part ``p0`` to turn its programmatic dependent
-    launch off) -> ``{"gate_up": {...}, "down": {...}}`` (the split as ``"splits"``)."""
+    a persistent grid of at most N CTAs, on the gate_up part ``f`` for its L2 prefetch (``l2_prefetch``),
+    ``x`` for the group scales applied in FP32 (``fp32_scale``; INT4 only: FP4 schemes ignore it), ``s<N>`` a K split over N CTAs per output tile (1..65535; without it the rule :func:`num_splits` picks),
+    and on the down part ``p0`` to turn its programmatic dependent launch off) -> ``{"gate_up": {...},
+    "down": {...}}`` (the split as ``"splits"``)."""
     import re
 
     out = {}
     for mode_, part in zip(("gate_up", "down"), text.split("/")):
-        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(?:s(\d+))?(p0)?", part.strip())
-        if not m or (m.group(5) and mode_ != "down"):
-            raise ValueError(f"decode knobs: expected wNuM[cN][sN][/wNuM[cN][sN][p0]], got {text!r}")
+        m = re.fullmatch(r"w(\d+)u(\d+)(?:c(\d+))?(f)?(x)?(?:s(\d+))?(p0)?", part.strip())
+        if not m or (m.group(7) and mode_ != "down") or (m.group(4) and mode_ != "gate_up"):
+            raise ValueError(f"decode knobs: expected wNuM[cN][f][x][sN][/wNuM[cN][x][sN][p0]], got {text!r}")
         out[mode_] = dict(warps=int(m.group(1)), unroll=int(m.group(2)))
         if m.group(3):
             out[mode_]["ctas"] = int(m.group(3))
         if m.group(4):
-            sp = int(m.group(4))
+            out[mode_]["l2_prefetch"] = True
+        if m.group(5):
+            out[mode_]["fp32_scale"] = True
+        if m.group(6):
+            sp = int(m.group(6))
             if not 1 <= sp <= MAX_GRID_Y:
                 raise ValueError(f"decode knobs: the split s<N> must be in 1..{MAX_GRID_Y}, got {sp} in {text!r}")
             out[mode_]["splits"] = sp
-        if m.group(5):
+        if m.group(7):
             out[mode_]["pdl"] = False
     return out
 
@@ -330,6 +337,20 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
 def knob_items(text: Optional[str]) -> tuple:
     """A knob-set string (or None: the defaults) as the hashable ``knobs`` argument of :func:`configs`."""
     return _as_items(parse_knobs(text)) if text else ()
+
+
+def knob_text(knobs: tuple) -> str:
+    """Knob items (:func:`knob_items`) back to the :func:`parse_knobs` text (``""``: the defaults)."""
+    if not knobs:
+        return ""
+    parts = []
+    for mode_ in ("gate_up", "down"):
+        d = dict(dict(knobs).get(mode_, ())) or dict(KNOBS[mode_])
+        parts.append(f"w{d['warps']}u{d['unroll']}" + (f"c{d['ctas']}" if "ctas" in d else "")
+                     + ("f" if d.get("l2_prefetch") else "") + ("x" if d.get("fp32_scale") else "")
+                     + (f"s{d['splits']}" if "splits" in d else "")
+                     + ("p0" if mode_ == "down" and d.get("pdl") is False else ""))
+    return "/".join(parts)
 
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),

@@ -28,6 +28,12 @@ result; no shuffles). FP32 accumulation. Weights and scales are loaded straight 
 batch are issued before any is used); units past the part's end are predicated off (zero codes, zero
 scales, zero activations: they add exact zeros).
 
+FP32 scales (``fp32_scale``, INT4 only, static): the codes are decoded to ``c - z`` (exact in 16 bits) without the
+scale multiply, each scale group's ``mma.sync`` products are summed from zero in FP32, and the group's scale
+(exact in FP32) multiplies that sum as it is added to the accumulator: one packed multiply per two weights and
+the scales' byte permutes fewer, and no 16-bit rounding of the scaled weight (so its weights are not those of
+the WGMMA kernels bit for bit; each result is closer to the FP32 reference).
+
 Persistent grid (``ctas`` > 0): the grids above hold a CTA for every route (token), valid or not, and the
 hardware deals them to the SMs as they come; with a few valid routes among many (an EP rank's decode
 step) most CTAs exit at once and the working ones land unevenly. With ``ctas`` the grid is at most that
@@ -55,6 +61,13 @@ token's expert ids (written before the gate/up kernel started) and prefetches a 
 route's row block into L2 (``cp.async.bulk.prefetch.L2``; the row block of an expert is contiguous; with a
 K split, split ``z`` takes the routes ``j = z (mod S)``), so the down kernel's launch and its weight fetch
 overlap the gate/up kernel.
+
+L2 prefetch (``l2_prefetch``, gate_up only, static): before its loads, thread 0 of each CTA asks L2 for one
+contiguous ``1 / (4 S)`` of its route's row block (one ``cp.async.bulk.prefetch.L2`` request; the ``4 S`` CTAs of
+the row block, slices and splits, together cover it once), and a persistent CTA asks for its next unit's part
+while it works on the current one. The warps' loads then wait for L2 rather than for DRAM, and the whole unit's
+DRAM traffic is requested at once instead of one load batch per warp at a time; at most two units per CTA are
+ahead in L2. The results are those without it.
 
 Biases (``bias``, static): the kernel adds the layer's per-expert FP32 biases where it stores: gate_up adds
 ``b13[e, col]`` (gated: the gate and up columns, the up half at ``n / 2``) to the FP32 sums before the
@@ -120,6 +133,11 @@ class Sm90W4A16DecodeGemv:
             raise ValueError("FP4 (E2M1) weights have no zero points")
         if c.warps not in (1, 2, 4, 8, 16) or c.unroll not in (1, 2, 3, 4, 6, 8):
             raise ValueError("warps must be 1, 2, 4, 8 or 16 and unroll 1, 2, 3, 4, 6 or 8")
+        if c.fp32_scale and c.fp4:
+            raise ValueError("fp32_scale is for INT4 codes (FP4 codes are scaled in 16 bits: the pack folds "
+                             "2**14 / 2**126 into their scales)")
+        if c.l2_prefetch and c.mode != "gate_up":
+            raise ValueError("l2_prefetch is a gate_up knob (the down kernel prefetches under PDL)")
         self.cfg = c
         self.arch = arch
         self.is_bf16 = c.dtype == "bf16"
@@ -246,6 +264,9 @@ class Sm90W4A16DecodeGemv:
             nb = bx // 4
             tile = by * upr + bx
             if const_expr(up):
+                if const_expr(self.cfg.l2_prefetch):
+                    if tidx == 0:
+                        self._prefetch_up(w, g_ids, num_experts, k, expert_offset, wrow, by, nb, s, bz, num_splits)
                 self._up_unit(w, act, out, g_ids, tot, acc, red, num_experts, n, k, top_k, expert_offset,
                               num_parts, units, per, wrow, warp, lane, tidx, by, nb, s, bz, tile, sp)
             else:
@@ -278,7 +299,17 @@ class Sm90W4A16DecodeGemv:
                         self._prefetch(w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb,
                                        rem - nb * 4, z, num_splits)
                     cute.arch.griddepcontrol_wait()
+                if const_expr(up and self.cfg.l2_prefetch):
+                    if tidx == 0:
+                        if bx < cnt:
+                            self._prefetch_up_unit(w, g_ids, num_experts, k, expert_offset, wrow, lst, upr, bx,
+                                                   num_splits)
                 for u in cutlass.range(bx, cnt, nctas, unroll=1):
+                    if const_expr(up and self.cfg.l2_prefetch):
+                        if tidx == 0:
+                            if u + nctas < cnt:  # this CTA's next unit of the window, while it works on this one
+                                self._prefetch_up_unit(w, g_ids, num_experts, k, expert_offset, wrow, lst, upr,
+                                                       u + nctas, num_splits)
                     q = u // num_splits
                     z = u - q * num_splits
                     v = q // upr
@@ -356,6 +387,33 @@ class Sm90W4A16DecodeGemv:
                         tot[2 * x] = tot[2 * x] + acc[4 * x]
                         tot[2 * x + 1] = tot[2 * x + 1] + acc[4 * x + 2]
                 self._finish(tot, red, out, warp, lane, tidx, s, nb, n, r, z, tile, sp)
+
+    @cute.jit
+    def _prefetch_up(self, w, g_ids, num_experts, k, expert_offset, wrow, r, nb, s, z, num_splits):
+        """gate_up (``l2_prefetch``, one thread): bring part ``s S + z`` of route ``r``'s row block ``nb``
+        into L2: the ``4 S`` CTAs of a row block (slices ``s``, splits ``z``) each ask for one contiguous
+        ``1 / (4 S)`` of it, so that together they fetch it once, in one bulk request each."""
+        e = g_ids[r] - expert_offset
+        if e >= 0:
+            if e < num_experts:
+                w_nb = w.toint() + Int64(nb) * Int64(k // self.BK) * Int64(self.chunk) + Int64(e) * wrow
+                span = Int32(k // self.BK) * Int32(self.chunk)
+                part = ((span // (4 * num_splits) + 15) // 16) * 16
+                lo = (s * num_splits + z) * part
+                size = cutlass.min(part, span - lo)
+                if size > 0:
+                    ptx.prefetch_l2_bulk(w_nb + Int64(lo), size)
+
+    @cute.jit
+    def _prefetch_up_unit(self, w, g_ids, num_experts, k, expert_offset, wrow, lst, upr, u, num_splits):
+        """:meth:`_prefetch_up` of persistent work unit ``u`` of the current window (compacted routes in ``lst``)."""
+        q = u // num_splits
+        z = u - q * num_splits
+        v = q // upr
+        rem = q - v * upr
+        nb = rem // 4
+        rr = ptx.ld_shared_b32(lst + v * 4)
+        self._prefetch_up(w, g_ids, num_experts, k, expert_offset, wrow, rr, nb, rem - nb * 4, z, num_splits)
 
     @cute.jit
     def _prefetch(self, w, g_ids, num_experts, k, top_k, expert_offset, wrow, tidx, t, nb, s, z, num_splits):
@@ -457,6 +515,9 @@ class Sm90W4A16DecodeGemv:
         cfg = self.cfg
         g = cfg.group
         codes, scl, bia, xw = bt
+        if const_expr(cfg.fp32_scale):
+            self._mma_batch_fp32_scale(acc, bt, magic, sym)
+            return
         for ii in cutlass.range_constexpr(U):
             for x in cutlass.range_constexpr(X):
                 for jj in cutlass.range_constexpr(4):
@@ -486,6 +547,41 @@ class Sm90W4A16DecodeGemv:
                                   acc[4 * x], acc[4 * x + 1], acc[4 * x + 2], acc[4 * x + 3], self.is_bf16)
                     for v in cutlass.range_constexpr(4):
                         acc[4 * x + v] = d[v]
+
+    @cute.jit
+    def _mma_batch_fp32_scale(self, acc, bt, magic, sym):
+        """:meth:`_mma_batch` with ``fp32_scale`` (INT4): the codes become ``c - z`` in 16 bits (exact), each scale
+        group's ``mma.sync`` products are summed from zero, and that FP32 sum times the group's scale (exact in
+        FP32) is added to ``acc``: per group of one unit (g >= 64 or per channel: the unit; g = 32: two halves;
+        g = 16: each k16 step). Only the C fragment's columns 0 and 2 are kept (all eight B columns are the
+        activation: ``acc[4x + 1]`` / ``acc[4x + 3]`` would repeat ``acc[4x]`` / ``acc[4x + 2]``)."""
+        X, U = self.X, self.U
+        cfg = self.cfg
+        g = cfg.group
+        codes, scl, bia, xw = bt
+        ngr = self.wpu  # scale groups per k64 unit
+        for ii in cutlass.range_constexpr(U):
+            for x in cutlass.range_constexpr(X):
+                for gi in cutlass.range_constexpr(ngr):
+                    ua = [Float32(0.0), Float32(0.0), Float32(0.0), Float32(0.0)]
+                    for jj in cutlass.range_constexpr(gi * 4 // ngr, (gi + 1) * 4 // ngr):
+                        word = codes[ii][x][jj]
+                        a = []
+                        for i in cutlass.range_constexpr(4):
+                            src = word if i == 0 else (word >> (4 * i))
+                            v = ptx.lop3_and_or(src, 0x000F000F, magic)
+                            if const_expr(cfg.zero_point):
+                                bv = bia[ii][x][gi]
+                                bias = ptx.prmt_imm(bv, 0x1010) if i % 2 == 0 else ptx.prmt_imm(bv, 0x3232)
+                            else:
+                                bias = sym
+                            a.append(ptx.packed_add(v, bias, self.is_bf16))
+                        d = ptx.mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
+                                          ua[0], ua[1], ua[2], ua[3], self.is_bf16)
+                        ua = [d[0], d[1], d[2], d[3]]
+                    sv = scl[ii][x][gi]
+                    acc[4 * x] = acc[4 * x] + ptx.half_to_f32(sv, False, self.is_bf16) * ua[0]
+                    acc[4 * x + 2] = acc[4 * x + 2] + ptx.half_to_f32(sv, True, self.is_bf16) * ua[2]
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
