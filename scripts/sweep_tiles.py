@@ -2,7 +2,7 @@
 
     python scripts/sweep_tiles.py --layers 8,4096,14336,2 128,2048,768,8 --tokens 16,64,256,1024 \\
         [--scheme int4_g128] [--dtype bf16] [--finalize deterministic] [--json out.json] [--budget-s 500] [--kernels]
-        [--splits rule,1] [--decode-only] [--no-hint]
+        [--splits rule,1] [--decode-only] [--no-hint] [--decode-splits rule,1] [--decode-knobs w16u4c132f/w16u2,...]
 
 For each layer (``E,H,I,TOPK[,E_GLOBAL]``: uniform routing over the E local experts, or with ``E_GLOBAL > E``
 over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-parallel rank, its calls carrying the
@@ -64,10 +64,29 @@ def measure(x, weights, tw, ids, ref, call, choice, plan, default, kernels: bool
                 default=(default is not None and choice == default), **({"kernels": kern} if kern is not None else {}))
 
 
-def kept(choice, default, splits: set, decode_only: bool) -> bool:
-    """Whether the sweep times ``choice``: every decode choice and the default one; a grouped choice when its
-    split-K choice is in ``splits`` (None: the rule's) and ``decode_only`` is off."""
-    return bool(choice.decode or choice == default or (choice.splits in splits and not decode_only))
+def decode_split(choice):
+    """The K split a decode choice forces (its knob text's ``s<N>``, both kernels alike), None: the rule's."""
+    from w4a16_moe.kernels.cute.decode.family import forced_splits, knob_items
+
+    return forced_splits(knob_items(choice.candidate or None))[0]
+
+
+def kept(choice, default, splits: set, decode_only: bool, decode_splits=None) -> bool:
+    """Whether the sweep times ``choice``: the default one; a decode choice when its K split is in
+    ``decode_splits`` (None: every one); a grouped choice when its split-K choice is in ``splits`` (None: the
+    rule's) and ``decode_only`` is off."""
+    if choice == default:
+        return True
+    if choice.decode:
+        return decode_splits is None or decode_split(choice) in decode_splits
+    return bool(choice.splits in splits and not decode_only)
+
+
+def _split_set(text: str, flag: str) -> set:
+    words = [v.strip() for v in text.split(",") if v.strip()]
+    if not words or not all(v == "rule" or (v.isdigit() and int(v) >= 1) for v in words):
+        raise SystemExit(f"{flag}: expected 'rule' and / or positive counts separated by commas, got {text!r}")
+    return {None if v == "rule" else int(v) for v in words}
 
 
 def main(argv=None) -> int:
@@ -87,6 +106,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hint", action="store_true",
                     help="layers with E_GLOBAL: draw the routing over E_GLOBAL experts but call without the "
                          "expert-parallel hint (an EP rank whose caller passes no global expert count)")
+    ap.add_argument("--decode-splits", default=None,
+                    help="K splits of the decode choices to time: 'rule' and / or counts (default all)")
+    ap.add_argument("--decode-knobs", default="",
+                    help="comma-separated decode knob sets to time beside the selection's (each with the K "
+                         "splits of --decode-splits), e.g. w16u4c132f/w16u2")
     ap.add_argument("--kernels", action="store_true",
                     help="also record each choice's kernels apart (torch.profiler, eager calls, launch order)")
     args = ap.parse_args(argv)
@@ -101,10 +125,14 @@ def main(argv=None) -> int:
     from w4a16_moe.reference import reference_moe
     from w4a16_moe.validate import MoECall
 
-    words = [v.strip() for v in args.splits.split(",") if v.strip()]
-    if not words or not all(v == "rule" or (v.isdigit() and int(v) >= 1) for v in words):
-        raise SystemExit(f"--splits: expected 'rule' and / or positive counts separated by commas, got {args.splits!r}")
-    splits = {None if v == "rule" else int(v) for v in words}
+    splits = _split_set(args.splits, "--splits")
+    dsplits = None if args.decode_splits is None else _split_set(args.decode_splits, "--decode-splits")
+    from w4a16_moe.kernels.cute.autotune import DECODE_SPLITS, Choice, with_decode_split
+    from w4a16_moe.kernels.cute.decode.family import parse_knobs
+
+    extra = [kn for kn in args.decode_knobs.split(",") if kn.strip()]
+    for kn in extra:
+        parse_knobs(kn)  # a malformed set stops the sweep before it starts
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     act = get_activation(args.activation)
     tokens = [int(t) for t in args.tokens.split(",")]
@@ -125,7 +153,12 @@ def main(argv=None) -> int:
             call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name,
                            global_experts=None if args.no_hint else g)
             default = at._default_choice(call, info)
-            cands = [c for c in at.candidates(call, info, memo=memo) if kept(c, default, splits, args.decode_only)]
+            cands = [c for c in at.candidates(call, info, memo=memo)
+                     if kept(c, default, splits, args.decode_only, dsplits)]
+            if extra and call.tokens * call.top_k <= at.DECODE_TUNE_MAX_ROUTES:
+                more = [Choice("decode", with_decode_split(kn, sp)) for kn in extra for sp in DECODE_SPLITS
+                        if dsplits is None or sp in dsplits]
+                cands += [c for c in more if c not in cands]
             x, tw, ids = at._inputs(weights, t, k, dtype, seed=2000 + t, global_experts=g)
             ref = reference_moe(x, weights, tw, ids, activation=act.name)
             res = []

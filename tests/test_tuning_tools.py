@@ -209,9 +209,14 @@ def test_sweep_tiles_decode_only_keeps_the_decode_choices_and_the_default():
     assert [kept(c, dflt, everything, False) for c in (dec, dflt, other, split4)] == [True, True, True, True]
     assert [kept(c, dflt, {None}, False) for c in (dec, dflt, other, split4)] == [True, True, True, False]
     assert kept(dec, None, set(), True) and not kept(other, None, {None}, True)
+    # --decode-splits: the decode choices by their forced K split (None: the rule's); the default stays
+    rule = Choice("decode", "w16u4c132f/w16u2")
+    assert [kept(c, dflt, everything, True, {None, 1}) for c in (dec, rule, dflt)] == [False, True, True]
+    assert [kept(c, dec, everything, True, {1}) for c in (dec, rule)] == [True, False]
 
 
 def test_sweep_tiles_documents_its_flags():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep_tiles.py"), "--help"],
                        capture_output=True, text=True)
     assert r.returncode == 0 and "--no-hint" in r.stdout and "--decode-only" in r.stdout
+    assert "--decode-splits" in r.stdout and "--decode-knobs" in r.stdout
