@@ -97,11 +97,10 @@ EP_KNOBS = "w8u8c264/w8u4"
 #: of at least 16 load batches (H >= 4096): one 16-warp CTA per SM (a persistent grid of at most 132 CTAs, as
 #: :data:`EP_KNOBS`) splits each tile's K over 16 warps inside the CTA, where 8-warp CTAs would need a K split
 #: across CTAs (a partial store and an arrival per CTA). H200, one token (docs/perf/2026-12-02-decode-defaults):
-#: 11-18% faster on the five layers measured with 64-128 working tiles, EP and not. Its INT4 kernels apply the
-#: group scales in FP32 (``x``: one scale multiply per group instead of one per code pair): H200, 1-8 tokens of 19
-#: layers (docs/perf/2026-12-02-decode-prefetch), 0.93-1.04 x the time of the same set without, geometric mean
-#: 0.96 (the 4- and 8-warp sets lose 5-15% with it there, so they keep the per-pair scales)
-WIDE_KNOBS = "w16u4c132x/w16u2x"
+#: 11-18% faster on the five layers measured with 64-128 working tiles, EP and not. (Its FP32-scale variant
+#: ``w16u4c132x/w16u2x`` was 0.96 x the time on 76 H200 rows, docs/perf/2026-12-02-decode-prefetch, but spills
+#: at the 128 registers a 16-warp CTA leaves a thread, so it is not the default.)
+WIDE_KNOBS = "w16u4c132/w16u2"
 #: ... its grid bound with the expert-parallel hint, in working tiles per SM (without it: one). Chosen on three
 #: H200 sweeps of 16-40 decode rows each (every knob set of :func:`default_knob_sets` timed per row): the
 #: default's time over the row's best, geometric mean 1.021-1.024 with 2, 1.035-1.044 with 1 for every call
