@@ -15,26 +15,22 @@ rounds=${2:-1}
 order=${AB_ORDER:-old new new old}  # per round and workload
 export PYTHONUNBUFFERED=1 W4A16_MOE_DISABLE_JIT=1
 cases=${AB_CASES:-kimi-tp8=--workload kimi-tp8;deepseek-ep8=--workload deepseek-ep8}
-declare -A args
-labels=()
-IFS=';' read -ra items <<< "$cases"
-for it in "${items[@]}"; do
-  labels+=("${it%%=*}")
-  args[${it%%=*}]=${it#*=}
-done
-run() {  # rev root prebuilt case n
-  local rev=$1 root=$2 pb=$3 wl=$4 n=$5
+run() {  # rev root prebuilt case n bench-arguments
+  local rev=$1 root=$2 pb=$3 wl=$4 n=$5 bargs=$6
   # shellcheck disable=SC2086  # the case's bench arguments are split on purpose
   PYTHONPATH=$root/python W4A16_MOE_PREBUILT_DIR=$pb timeout "${AB_TIMEOUT:-240}" \
-    python -m w4a16_moe bench ${args[$wl]} --providers cute --json "$OUT/ab_${rev}_${wl}_${n}.json" \
+    python -m w4a16_moe bench $bargs --providers cute --json "$OUT/ab_${rev}_${wl}_${n}.json" \
     2>&1 | tail -n 30 | sed "s/^/[$rev $wl $n] /"
 }
-for wl in "${labels[@]}"; do
+IFS=';' read -ra items <<< "$cases"
+for it in "${items[@]}"; do
+  wl=${it%%=*}
   for n in $(seq 1 "$rounds"); do
     i=0
     for rev in $order; do
       i=$((i + 1))
-      if [ "$rev" = old ]; then run old "$old" "$old/prebuilt" "$wl" "$n$i"; else run new "$PWD" "$PWD/.device/prebuilt" "$wl" "$n$i"; fi
+      if [ "$rev" = old ]; then run old "$old" "$old/prebuilt" "$wl" "$n$i" "${it#*=}"
+      else run new "$PWD" "$PWD/.device/prebuilt" "$wl" "$n$i" "${it#*=}"; fi
     done
   done
 done
