@@ -440,3 +440,11 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
     seen.clear()
     assert autotune.autotune_layer(w, torch.bfloat16, "swiglu", 2, 4, ("deterministic",), budget_s=60) == {}
     assert seen == []  # everything already tuned: nothing measured
+
+
+def test_tuning_budget_leaves_the_reserve():
+    from w4a16_moe.kernels.cute.autotune import WARMUP_RESERVE_S, tuning_budget
+
+    assert tuning_budget(60.0, 2.0) == pytest.approx(60.0 - 2.0 - WARMUP_RESERVE_S)
+    assert tuning_budget(60.0, 0.0) + WARMUP_RESERVE_S <= 60.0
+    assert tuning_budget(4.0, 1.0) == pytest.approx(1.0)  # smaller than the reserve: a quarter of it

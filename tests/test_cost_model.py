@@ -230,3 +230,43 @@ def test_split_k_limits():
     # the FP32 partials (16 * TN * s / K of the weight bytes) stay within a quarter: TN 96, K 7168 -> 1
     assert tiles.split_k(10, 132, 7168, 64, 96) == 1
     assert tiles.split_k(10, 132, 7168, 64, 32) == 3
+
+
+@pytest.mark.parametrize("ctas, slots, k, k_tile, tn, want", [
+    (768, 660, 5120, 128, 8, 2),     # Llama-4 Scout gate/up at 8 tokens: 1.16 waves of 5 TN 8 CTAs per SM
+    (990, 660, 5120, 128, 8, 2),     # 1.5 waves: the second still half empty at most
+    (991, 660, 5120, 128, 8, 1),     # beyond 1.5 waves the tail wave is mostly full
+    (660, 660, 5120, 128, 8, 1),     # exactly one wave: no tail
+    (500, 660, 5120, 128, 8, 1),     # less than a wave: split_k's business, not the tail's
+    (768, 660, 4096, 128, 8, 1),     # partials 16 * 8 * 2 / 4096 = 6.25% of the weight bytes > 5%
+    (768, 528, 5120, 128, 16, 1),    # TN 16 at K 5120: 10% partial traffic
+    (768, 528, 10240, 128, 16, 2),   # ... at K 10240: 5%
+    (768, 660, 2048, 128, 8, 1),     # K 2048: 16 K tiles, 8 per half < 12
+])
+def test_tail_split(ctas, slots, k, k_tile, tn, want):
+    assert tiles.tail_split(ctas, slots, k, k_tile, tn) == want
+
+
+def test_warp_cta_slots_and_tail_split():
+    from w4a16_moe.formats.schemes import get_scheme
+    from w4a16_moe.kernels.cute.warp import family as warp
+
+    sch = get_scheme("int4_g128")
+    per_sm = {}
+    for t in warp.model_tiles(sch):
+        up, down = warp.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", t)
+        per_sm[t["tokens_per_tile"]] = warp.cta_slots(up, 1)
+        assert warp.cta_slots(up, 132) == 132 * per_sm[t["tokens_per_tile"]]
+        # sm_86 / sm_89 / sm_120 have 100 KB per SM, less than half of sm_90a's 228 KB
+        assert 1 <= warp.cta_slots(up, 1, "sm_120a") < per_sm[t["tokens_per_tile"]]
+    # shared-memory bound CTAs per SM on sm_90a (ncu of the TN 8 gate/up kernel on the H200: 5 per SM)
+    assert per_sm == {8: 5, 16: 4, 24: 3, 32: 3, 64: 4}
+    up, down = warp.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", warp.TILES[0][1])
+    # Scout (16 experts, H 5120, I 8192, top-1) at 8 tokens: ~6.45 experts hit, 128 row blocks x 6 tiles = 768
+    # CTAs on 660 slots -> the gate/up GEMM splits in two; the down GEMM (40 x 6 = 240 CTAs) fills up to 4 per SM
+    assert warp.num_splits(16384, 5120, up, 8, 16, 132) == 2
+    assert warp.num_splits(5120, 8192, down, 8, 16, 132) == 3
+    # on a 100 KB-per-SM GPU of 132 SMs (2 TN 8 CTAs per SM) the same grid is 2.9 waves: no tail split
+    assert warp.num_splits(16384, 5120, up, 8, 16, 132, arch="sm_120a") == 1
+    # at 16 tokens (~10 tiles: 1280 CTAs, 1.9 waves) the tail wave is mostly full
+    assert warp.num_splits(16384, 5120, up, 16, 16, 132) == 1

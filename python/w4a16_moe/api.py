@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import torch
@@ -193,7 +194,9 @@ def warmup(
     ``masked_capacity``: also warm up :func:`fused_moe_masked` for ``x [E, masked_capacity, H]``.
 
     ``autotune`` (default: ``W4A16_MOE_AUTOTUNE``): first time the CuTe provider's candidates for this
-    layer on this GPU (:mod:`w4a16_moe.kernels.cute.autotune`) within ``autotune_budget_s`` seconds, using
+    layer on this GPU (:mod:`w4a16_moe.kernels.cute.autotune`) so that the whole warmup takes about
+    ``autotune_budget_s`` seconds at most (the tuner gets what is left of it after the setup, less
+    :data:`~w4a16_moe.kernels.cute.autotune.WARMUP_RESERVE_S` for loading and running the tuned plans), using
     only kernels that are prebuilt or cached (``autotune_jit=True``: compiling allowed), and store the
     fastest per token count in the project-local cache; the plans of this layer use them from then on,
     in this and later processes (token counts already tuned for the running versions are not measured
@@ -243,6 +246,7 @@ def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expe
     from .providers import resolve_backend, select_provider
     from .validate import check_moe_call
 
+    t_start = time.perf_counter()
     dev = weights.device
     e = weights.num_experts
     probe_x = torch.zeros(1, weights.hidden_size, dtype=dtype, device=dev)
@@ -255,10 +259,11 @@ def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expe
         from .kernels.cute.provider import cute_warmup
 
         if autotune:
-            from .kernels.cute.autotune import autotune_layer
+            from .kernels.cute.autotune import autotune_layer, tuning_budget
 
-            autotune_layer(plain, dtype, activation, k_run, t_run, fin_run, autotune_budget_s,
-                           autotune_jit, global_experts=g)
+            autotune_layer(plain, dtype, activation, k_run, t_run, fin_run,
+                           tuning_budget(autotune_budget_s, time.perf_counter() - t_start), autotune_jit,
+                           global_experts=g)
         cute_warmup(plain, dtype, activation, t_run, k_run, finalizes=fin_run, global_experts=g)
     for t in tokens:
         x = torch.zeros(t, weights.hidden_size, dtype=dtype, device=dev)

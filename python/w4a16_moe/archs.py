@@ -5,7 +5,7 @@ family use them all); ``SM90_ARCHS`` are the archs of the WGMMA and decode famil
 loader, the AOT command line and the family modules read this without torch or the DSL.
 """
 
-__all__ = ["ARCHS", "SM90_ARCHS", "PDL_ARCHS", "DEFAULT_SM_COUNT", "arch_of_capability"]
+__all__ = ["ARCHS", "SM90_ARCHS", "PDL_ARCHS", "DEFAULT_SM_COUNT", "SMEM_PER_SM", "CTA_SMEM_RESERVE", "arch_of_capability"]
 
 #: every arch the loader, the AOT build and the warp-MMA family accept
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90a", "sm_100a", "sm_103a", "sm_120a")
@@ -15,6 +15,12 @@ SM90_ARCHS = ("sm_90a",)
 PDL_ARCHS = tuple(a for a in ARCHS if int(a[3:].rstrip("a")) >= 90)
 #: SM count assumed by selection when a call has no device to ask (tuner unit tests): an H100 / H200 SXM
 DEFAULT_SM_COUNT = 132
+#: shared memory per SM of each arch in bytes (CUDA programming guide, "technical specifications per compute
+#: capability"): what bounds how many CTAs of a shared-memory-heavy kernel one SM holds
+SMEM_PER_SM = {"sm_80": 164 << 10, "sm_86": 100 << 10, "sm_89": 100 << 10, "sm_90a": 228 << 10,
+               "sm_100a": 228 << 10, "sm_103a": 228 << 10, "sm_120a": 100 << 10}
+#: shared memory the CUDA runtime reserves per CTA (1 KB from sm_80 on)
+CTA_SMEM_RESERVE = 1 << 10
 
 
 def arch_of_capability(major: int, minor: int) -> str:

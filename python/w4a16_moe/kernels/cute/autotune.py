@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Optional
 from . import autotune_store as store
 from .autotune_store import Choice, Row
 
-__all__ = ["GRID", "Budget", "token_grid", "select_rows", "candidates", "autotune_layer", "check_not_capturing",
+__all__ = ["GRID", "Budget", "token_grid", "select_rows", "candidates", "autotune_layer", "tuning_budget", "WARMUP_RESERVE_S", "check_not_capturing",
            "DECODE_TUNE_MAX_ROUTES", "MAX_NRMSE", "SPLITS", "DECODE_SPLITS", "with_decode_split"]
 
 #: token counts the autotuner measures (those up to ``max_tokens``)
@@ -275,6 +275,20 @@ def _layout_keys(weights) -> set:
     from ...formats.weights import layout_cache
 
     return set(layout_cache(weights.w13.codes))
+
+
+#: seconds of a :func:`w4a16_moe.warmup` budget kept for what follows the tuning: loading and running the tuned
+#: plans of every warmed-up token count (the tuner has packed the weights and loaded most kernels by then).
+#: H200, deepseek-ep8 (``bench --preset deepseek-ep8 --autotune``): the tuner given the whole 60 s budget made
+#: the warmup take 60.5 s
+WARMUP_RESERVE_S = 5.0
+
+
+def tuning_budget(budget_s: float, spent_s: float) -> float:
+    """The tuner's seconds within a warmup budget of ``budget_s`` of which ``spent_s`` are spent: what is left
+    less :data:`WARMUP_RESERVE_S`, and a quarter of the budget at least (a budget smaller than the reserve
+    still tunes something)."""
+    return max(0.25 * budget_s, budget_s - spent_s - WARMUP_RESERVE_S)
 
 
 def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,

@@ -213,8 +213,9 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         hp, ip, n13 = _padded(base, up, down, call, sch)
         r = e * call.capacity
         max_tiles = e * -(-call.capacity // up.tokens_per_tile)
-        su = 1 if inv else base.num_splits(n13, hp, up, r, e, sm)
-        sd = 1 if inv else base.num_splits(hp, ip, down, r, e, sm)
+        a = _arch(base, info)
+        su = 1 if inv else base.num_splits(n13, hp, up, r, e, sm, arch=a)
+        sd = 1 if inv else base.num_splits(hp, ip, down, r, e, sm, arch=a)
         return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, hp, "masked",
                              pad=_pad_field(call, hp, ip)), None
     fam, tiles, splits = _grouped_choice(base, call, dt, info)
@@ -286,9 +287,10 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
     g, k = call.global_experts, call.top_k
-    su = fam.num_splits(n13, hp, up, r, e, info.sms, k, g) if splits is None else min(splits, hp // up.k_tile)
-    sd = fam.num_splits(hp, ip, down, r, e, info.sms, k, g) if splits is None else min(splits, ip // down.k_tile)
-    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, hp, note, arch=_arch(base, info),
+    a = _arch(base, info)
+    su = fam.num_splits(n13, hp, up, r, e, info.sms, k, g, arch=a) if splits is None else min(splits, hp // up.k_tile)
+    sd = fam.num_splits(hp, ip, down, r, e, info.sms, k, g, arch=a) if splits is None else min(splits, ip // down.k_tile)
+    return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, hp, note, arch=a,
                          pad=_pad_field(call, hp, ip))
 
 

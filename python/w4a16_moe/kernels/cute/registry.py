@@ -81,8 +81,9 @@ class KernelFamily(Protocol):
     #   choose(tokens, top_k, E, H, I, scheme, dtype, gpu, global_experts=None, gated=True, sm_count=...) ->
     #       (family name, tiles, splits or None): a routed call's choice, which may name another registered
     #       family (the SM90 tuned table's warp rows, the SM90 cost model's warp tiles)
-    #   num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> split-K parts
-    #   (global_experts: the call's expert-parallel hint, MoECall.global_experts; see .tiles)
+    #   num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None, arch=None)
+    #   -> split-K parts (global_experts: the call's expert-parallel hint, MoECall.global_experts; see .tiles;
+    #   arch: the arch the kernels run on, for families whose rule counts CTA slots)
     #   max_grid_y: the launch's grid-y limit
 
     def aot_variants(self, subset: str) -> list:

@@ -619,7 +619,8 @@ class Sm90Family:
         return choose_with_family(tokens, top_k, num_experts, hidden, intermediate, scheme, dtype, gpu, global_experts,
                                   gated, sm_count)
 
-    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> int:
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None,
+                   arch=None) -> int:
         return num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k, global_experts)
 
     def spec_for(self, cfg):

@@ -34,7 +34,7 @@ from .. import tiles as tiles_rule
 from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "MODEL_TILES", "model_tiles", "spec_for", "config_from_spec", "select_tiles",
-           "gemm_configs", "num_splits", "UP_ROW_BLOCKS", "SPLIT_MIN_EXPERT_BYTES", "variants", "aot_variants", "kernel_config", "group_param"]
+           "gemm_configs", "num_splits", "cta_slots", "UP_ROW_BLOCKS", "SPLIT_MIN_EXPERT_BYTES", "variants", "aot_variants", "kernel_config", "group_param"]
 
 FAMILY = "warp_w4a16_gemm"
 
@@ -132,20 +132,40 @@ SPLIT_CTAS_PER_SM = 4
 #: ``256,7168,256,8`` gate/up) was slower than the unsplit kernel (up to 1.32 x), while GEMMs of >= 7.9 MB per
 #: expert with a small grid gain up to 25%; geometric mean over the rows the rule splits 0.988 -> 0.967 x unsplit
 SPLIT_MIN_EXPERT_BYTES = 6 << 20
+#: static shared memory of the family's kernels (``cuobjdump -res-usage`` of the sm_90a builds: 1 KB), beside
+#: the dynamic ring / staging tile of :attr:`.config.WarpGemmConfig.stage_sizes`
+STATIC_SMEM = 1 << 10
+
+
+def cta_slots(cfg, sm_count: int = DEFAULT_SM_COUNT, arch: Optional[str] = None) -> int:
+    """CTAs of ``cfg``'s kernel the GPU holds at once: ``sm_count`` x the CTAs one SM's shared memory fits
+    (``arch``'s :data:`~w4a16_moe.archs.SMEM_PER_SM`, sm_90a when None; per CTA the ring or the staging tile,
+    16 bytes of flags, :data:`STATIC_SMEM` and the runtime's reserve). Registers do not bind before shared memory
+    for the TN 8 kernels (80-93 registers: 5-6 CTAs of 128 threads), which are the ones :func:`num_splits`'s tail
+    split applies to (the partial-traffic limit keeps larger TN out at every K below 10240)."""
+    from ....archs import CTA_SMEM_RESERVE, SMEM_PER_SM
+
+    sz = cfg.stage_sizes
+    per_cta = max(cfg.stages * sz["stage"], sz["epi"]) + 16 + STATIC_SMEM + CTA_SMEM_RESERVE
+    return max(1, SMEM_PER_SM.get(arch or "sm_90a", SMEM_PER_SM["sm_90a"]) // per_cta) * max(1, sm_count)
 
 
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
-               top_k: Optional[int] = None, global_experts: Optional[int] = None) -> int:
-    """Split-K factor (:func:`..tiles.split_k`): enough CTAs for :data:`SPLIT_CTAS_PER_SM` per SM when the
+               top_k: Optional[int] = None, global_experts: Optional[int] = None, arch: Optional[str] = None) -> int:
+    """Split-K factor: :func:`..tiles.split_k`, enough CTAs for :data:`SPLIT_CTAS_PER_SM` per SM when the
     grid of row blocks x expected token tiles (:func:`..tiles.expected_tiles`; ``global_experts``, with
     ``top_k``: the expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits;
-    1 for GEMMs of less than :data:`SPLIT_MIN_EXPERT_BYTES` per expert."""
+    else :func:`..tiles.tail_split` over the kernel's :func:`cta_slots` on ``arch`` (a grid of 1-1.5 waves
+    splits in two); 1 for GEMMs of less than :data:`SPLIT_MIN_EXPERT_BYTES` per expert."""
     if n * k // 2 < SPLIT_MIN_EXPERT_BYTES:
         return 1
     tn = cfg.tokens_per_tile
     tiles = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
     ctas = (n // cfg.rows_per_cta) * max(1, round(tiles))
-    return tiles_rule.split_k(ctas, SPLIT_CTAS_PER_SM * sm_count, k, cfg.k_tile, tn)
+    s = tiles_rule.split_k(ctas, SPLIT_CTAS_PER_SM * sm_count, k, cfg.k_tile, tn)
+    if s == 1:
+        s = tiles_rule.tail_split(ctas, cta_slots(cfg, sm_count, arch), k, cfg.k_tile, tn)
+    return s
 
 
 def max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
@@ -243,8 +263,9 @@ class WarpFamily:
                gated=True, sm_count=None) -> tuple:
         return self.name, select_tiles(tokens * top_k, num_experts, top_k, global_experts), None
 
-    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None) -> int:
-        return num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k, global_experts)
+    def num_splits(self, n, k, cfg, num_routes, num_experts, sm_count, top_k=None, global_experts=None,
+                   arch=None) -> int:
+        return num_splits(n, k, cfg, num_routes, num_experts, sm_count, top_k, global_experts, arch)
 
     def spec_for(self, cfg):
         return spec_for(cfg)
