@@ -259,6 +259,9 @@ def test_warp_cta_slots_and_tail_split():
         assert warp.cta_slots(up, 132) == 132 * per_sm[t["tokens_per_tile"]]
         # sm_86 / sm_89 / sm_120 have 100 KB per SM, less than half of sm_90a's 228 KB
         assert 1 <= warp.cta_slots(up, 1, "sm_120a") < per_sm[t["tokens_per_tile"]]
+    from w4a16_moe.archs import ARCHS, SMEM_PER_SM
+
+    assert set(SMEM_PER_SM) == set(ARCHS)  # every arch the warp family is built for has its SM's shared memory
     # shared-memory bound CTAs per SM on sm_90a (ncu of the TN 8 gate/up kernel on the H200: 5 per SM)
     assert per_sm == {8: 5, 16: 4, 24: 3, 32: 3, 64: 4}
     up, down = warp.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", warp.TILES[0][1])

@@ -128,7 +128,6 @@ def tail_split(ctas: int, slots: int, k: int, k_tile: int, tokens_per_tile: int)
     tail while the others idle (H200, ncu of Llama-4 Scout's gate/up GEMM at 8 tokens, 768 CTAs on 660 slots:
     SMs active 68% of the cycles). Two K halves make it 2-3 waves of half-length CTAs. This is the rule of
     :func:`split_k` seen from the other side: that one fills a grid smaller than its target."""
-    slots = max(1, slots)
     if not slots < ctas <= TAIL_SPLIT_MAX_WAVES * slots:
         return 1
     if (k // max(1, k_tile)) / 2 < SPLIT_MIN_K_TILES or 16 * tokens_per_tile * 2 / max(1, k) > TAIL_SPLIT_MAX_TRAFFIC:

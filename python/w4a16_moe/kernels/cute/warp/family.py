@@ -139,15 +139,17 @@ STATIC_SMEM = 1 << 10
 
 def cta_slots(cfg, sm_count: int = DEFAULT_SM_COUNT, arch: Optional[str] = None) -> int:
     """CTAs of ``cfg``'s kernel the GPU holds at once: ``sm_count`` x the CTAs one SM's shared memory fits
-    (``arch``'s :data:`~w4a16_moe.archs.SMEM_PER_SM`, sm_90a when None; per CTA the ring or the staging tile,
-    16 bytes of flags, :data:`STATIC_SMEM` and the runtime's reserve). Registers do not bind before shared memory
+    (``arch``'s :data:`~w4a16_moe.archs.SMEM_PER_SM`, sm_90a when None; per CTA the kernel's dynamic shared
+    memory, which :class:`.grouped_gemm.WarpW4A16GroupedGemm` sizes as ``smem_bytes`` = the ring or the staging
+    tile + 16 bytes of flags and which the kernel module cannot be asked for without the DSL, plus
+    :data:`STATIC_SMEM` and the runtime's reserve). Registers do not bind before shared memory
     for the TN 8 kernels (80-93 registers: 5-6 CTAs of 128 threads), which are the ones :func:`num_splits`'s tail
     split applies to (the partial-traffic limit keeps larger TN out at every K below 10240)."""
     from ....archs import CTA_SMEM_RESERVE, SMEM_PER_SM
 
     sz = cfg.stage_sizes
     per_cta = max(cfg.stages * sz["stage"], sz["epi"]) + 16 + STATIC_SMEM + CTA_SMEM_RESERVE
-    return max(1, SMEM_PER_SM.get(arch or "sm_90a", SMEM_PER_SM["sm_90a"]) // per_cta) * max(1, sm_count)
+    return max(1, SMEM_PER_SM[arch or "sm_90a"] // per_cta) * max(1, sm_count)
 
 
 def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count: int = DEFAULT_SM_COUNT,
