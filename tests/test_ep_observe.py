@@ -68,18 +68,37 @@ def test_only_the_cute_and_auto_backends_observe(layer, planned):
     w, x, tw, ids = layer
     wm.fused_moe(x, w, tw, ids, backend="triton")  # Triton plans take no hint: nothing to decide
     wm.fused_moe(x, w, tw, ids, backend="cute")
-    assert planned == [None, int(ids.max()) + 1]
+    assert planned == [None, _estimate(ids)]
 
 
-def test_the_hint_is_the_largest_id_plus_one_at_least_the_local_range(layer, planned):
+def _estimate(ids, experts=4, offset=0):
+    return ep_observe.estimate_global_experts(int(ids.max()), experts, offset)
+
+
+@pytest.mark.parametrize("max_id,experts,offset,want", [
+    (31, 4, 0, 32), (17, 4, 0, 32), (16, 4, 0, 32), (15, 4, 0, 16), (3, 4, 0, 4), (0, 4, 8, 16),
+    (199, 32, 0, 256), (223, 32, 0, 256), (100, 32, 224, 256), (255, 32, 0, 256), (256, 32, 0, 512),
+    (139, 20, 0, 160), (95, 16, 0, 128), (200, 48, 48, 384),  # DeepSeek, GLM-4.5, Qwen3, Kimi EP8 ranks
+    (5, 4, 2, 6), (40, 6, 3, 41)])  # a local range off the E grid: the lower bound
+def test_the_estimate_is_the_smallest_power_of_two_rank_count_holding_every_id(max_id, experts, offset, want):
+    assert ep_observe.estimate_global_experts(max_id, experts, offset) == want
+
+
+@pytest.mark.parametrize("args", [(-1, 4, 0), (3, 0, 0), (3, 4, -4)])
+def test_the_estimate_rejects_impossible_arguments(args):
+    with pytest.raises(ValueError, match="estimate_global_experts"):
+        ep_observe.estimate_global_experts(*args)
+
+
+def test_the_hint_holds_every_id_and_the_local_range(layer, planned):
     w, x, tw, ids = layer
     wm.fused_moe(x, w, tw, torch.where(ids < 4, ids, 17), expert_offset=0)
-    assert planned == [18]
+    assert planned == [32]  # ids up to 17 on ranks of 4: 5 ranks seen, 8 assumed
     ep_observe.forget()
     below = torch.full_like(ids, 5)
     below[3, 1] = 1  # below the local range 2..5
     wm.fused_moe(x, w, tw, below, expert_offset=2)
-    assert planned == [18, 6]  # max id 5 + 1 = expert_offset + E: the smallest hint the rules accept
+    assert planned == [32, 6]  # off the E grid: max id 5 + 1 = expert_offset + E, the smallest hint accepted
 
 
 def test_all_local_or_invalid_ids_decide_no_expert_parallelism(layer, planned):
@@ -98,7 +117,7 @@ def test_warmup_and_explicit_hints_decide_nothing(layer, planned):
     wm.fused_moe(x, w, tw, ids, global_num_experts=4)  # the caller said: every expert is local
     assert planned[0] is None and all(g is None for g in planned)
     wm.fused_moe(x, w, tw, ids)
-    assert planned[-1] == int(ids.max()) + 1  # the first call that may decide
+    assert planned[-1] == _estimate(ids)  # the first call that may decide
 
 
 def test_the_setting_turns_it_off(layer, planned, monkeypatch):
@@ -107,7 +126,7 @@ def test_the_setting_turns_it_off(layer, planned, monkeypatch):
     wm.fused_moe(x, w, tw, ids)
     monkeypatch.setenv("W4A16_MOE_EP_OBSERVE", "1")
     wm.fused_moe(x, w, tw, ids)
-    assert planned == [None, int(ids.max()) + 1]
+    assert planned == [None, _estimate(ids)]
 
 
 def test_layers_and_expert_ranges_decide_apart(layer, planned):
@@ -117,7 +136,7 @@ def test_layers_and_expert_ranges_decide_apart(layer, planned):
     wm.fused_moe(x, other, tw, torch.where(ids < 4, ids, -1))
     wm.fused_moe(x, w, tw, ids, expert_offset=4)
     wm.fused_moe(x, other, tw, ids)
-    g = int(ids.max()) + 1
+    g = _estimate(ids)
     assert planned == [g, None, g, None]
 
 
@@ -133,7 +152,7 @@ def test_gpu_unhinted_ep_rank_runs_the_hinted_plan():
     w = random_weights("int4_g128", 16, 1024, 512, dtype=torch.bfloat16, device="cuda", seed=4)
     x, tw, ids, out = run_cute_moe(w, 64, 8, num_global=128, seed=9)  # the first call decides
     g = ep_observe.observed_global_experts(w.w13.codes, ids, 16, 0)
-    assert g == int(ids.max()) + 1 and g >= 120
+    assert g == 128  # ids reach 120 or more: 8 ranks of 16
     plain = prov.plan(_call(w, x, 64, 8, None), probe(x.device))
     hinted = prov.plan(_call(w, x, 64, 8, g), probe(x.device))
     assert plain.family == "sm90" and hinted.family == "warp"  # the hint changes the plan

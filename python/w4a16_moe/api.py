@@ -118,7 +118,8 @@ def fused_moe(
             path, and looks up tuned rows of that EP layer. Must be ``>= expert_offset + E``; ``E`` says every
             route is local. None: the layer's first eager call (outside ``warmup`` and CUDA-graph capture)
             reads its ids once (one sync) and, if some valid id is not local, plans the layer's calls from then
-            on with ``max id + 1`` (:mod:`w4a16_moe.ep_observe`; ``W4A16_MOE_EP_OBSERVE=0``: assume all local).
+            on with the smallest ``E * 2^j`` above its largest id (:mod:`w4a16_moe.ep_observe`;
+            ``W4A16_MOE_EP_OBSERVE=0``: assume all local).
             Results do not depend on it beyond the plan's summation order.
 
     Returns:

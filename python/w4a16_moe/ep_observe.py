@@ -7,11 +7,21 @@ route were local (for 64-128 tokens of a Qwen3-235B EP8 rank that is 1.3-1.8 x s
 
 The first eager call of a layer without the hint therefore looks at its ids once (one device sync, once per
 layer): if any valid id (``>= 0``) lies outside the local range ``[expert_offset, expert_offset + E)``, the
-layer's calls from then on are planned with ``global_num_experts = max(max id + 1, expert_offset + E)`` (a
-lower bound of the global count; with uniform routing over ``T * k`` routes it is within ``E_global / (T * k)``
-of it). Otherwise the layer is recorded as not expert-parallel. The decision is made once, so every call of
-the layer after it runs the same plan (deterministic results stay bit-identical run to run); it changes plans
-only, never results beyond the plan's summation order.
+layer's calls from then on are planned with the estimate of :func:`estimate_global_experts`. Otherwise the layer
+is recorded as not expert-parallel.
+
+The estimate. ``max id + 1`` is a lower bound of the global count, and a poor one on a short first call: the
+8 ids of one token top-8 over DeepSeek-V3's 256 experts all stay below 224 with probability (7/8)^8 = 0.34
+(12% low on average). The peers tool's first call of the DeepSeek-V3 EP8 rank (one token) reached id 241; with
+the hint 242 its 2048-token calls took the 96-token tiles and ran 526.8 us, with 256 the 80-token tiles and
+472.9 us (H200, docs/benchmarks/2026-12-03b). When the local range starts at a multiple of ``E`` (ranks of
+``E`` experts each, the layout of every engine), the estimate is therefore the smallest ``E * 2^j`` above every
+id: exact for a power-of-two rank count (EP2 ... EP64) unless all the observed ids fall in the lower half of
+the ranks (probability ``2^-(T*k)``: 0.4% for one token top-8), and at most 2 x too large for another rank
+count. Otherwise it is ``max(max id + 1, expert_offset + E)``.
+
+The decision is made once, so every call of the layer after it runs the same plan (deterministic results stay
+bit-identical run to run); it changes plans only, never results beyond the plan's summation order.
 
 No decision is taken (and none is recorded) inside CUDA-graph capture or :func:`paused` (``warmup`` runs its
 synthetic calls there); a first call inside capture records "not expert-parallel", so a captured graph and
@@ -32,7 +42,7 @@ import torch
 from . import settings
 from .log import logger
 
-__all__ = ["observed_global_experts", "paused", "forget"]
+__all__ = ["observed_global_experts", "estimate_global_experts", "paused", "forget"]
 
 _state = threading.local()
 _NOT_EP = 0  # the recorded decision "every valid id is local"
@@ -81,7 +91,7 @@ def observed_global_experts(codes: torch.Tensor, topk_ids: torch.Tensor, num_exp
     lo, hi = expert_offset, expert_offset + num_experts
     outside = ((ids >= 0) & ((ids < lo) | (ids >= hi))).any()
     top, out = torch.stack((ids.max().to(torch.int64), outside.to(torch.int64))).tolist()
-    g = max(int(top) + 1, hi) if out else _NOT_EP
+    g = estimate_global_experts(int(top), num_experts, expert_offset) if out else _NOT_EP
     with _lock:
         g = _decisions.setdefault(key, g)
     if g:
@@ -89,3 +99,19 @@ def observed_global_experts(codes: torch.Tensor, topk_ids: torch.Tensor, num_exp
                     "so its calls are planned with the expert-parallel hint global_num_experts=%d", num_experts,
                     lo, hi - 1, top, g)
     return g or None
+
+
+def estimate_global_experts(max_id: int, num_experts: int, expert_offset: int) -> int:
+    """The ``global_num_experts`` estimate from the largest observed id (see the module): ``E * 2^j``, the
+    smallest that exceeds ``max_id`` and the local range, when the range starts at a multiple of ``E``;
+    else ``max(max_id + 1, expert_offset + E)``."""
+    if num_experts < 1 or max_id < 0 or expert_offset < 0:
+        raise ValueError(f"estimate_global_experts: expected max_id >= 0, num_experts >= 1 and expert_offset >= 0, "
+                         f"got {max_id}, {num_experts}, {expert_offset}")
+    bound = max(max_id + 1, expert_offset + num_experts)
+    if expert_offset % num_experts:
+        return bound
+    ranks = 1
+    while ranks * num_experts < bound:
+        ranks *= 2
+    return ranks * num_experts

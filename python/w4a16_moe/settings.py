@@ -98,7 +98,8 @@ SETTINGS = (
     Setting("W4A16_MOE_EP_OBSERVE", "ep_observe", "bool", True,
             "A layer whose calls pass no `global_num_experts`: its first eager call reads the largest id in "
             "`topk_ids` (one device sync, once per layer) and, when some valid id is not a local expert, plans "
-            "every later call with the expert-parallel hint `max id + 1` (`w4a16_moe.ep_observe`); `0`: never."),
+            "every later call with the expert-parallel hint `E * 2^j`, the smallest above the largest id "
+            "(`w4a16_moe.ep_observe`: ranks of `E` experts, a power-of-two rank count); `0`: never."),
     Setting("W4A16_MOE_AUTOTUNE", "autotune", "bool", False,
             "Default of `warmup(..., autotune=)`: time the CuTe provider's candidates for the layer on this GPU "
             "(kernels already prebuilt or cached only; bounded in time) and store the fastest per token count in "
