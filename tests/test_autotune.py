@@ -286,7 +286,11 @@ def test_candidates_only_what_the_loader_has():
     every = autotune.candidates(call, H200, status=lambda spec, arch: ("prebuilt", ""))
     fams = {c.family for c in every}
     assert fams == {"decode", "sm90", "warp"}
-    assert Choice("decode", "") in every
+    from w4a16_moe.kernels.cute.decode.family import default_knob_sets
+
+    assert all(Choice("decode", kn) in every for kn in default_knob_sets(False))  # W1: INT4 g32, 16-bit scales
+    g128 = autotune.candidates(_call(4, scheme="int4_g128"), H200, status=lambda spec, arch: ("prebuilt", ""))
+    assert all(Choice("decode", kn) in g128 for kn in default_knob_sets(True)) and Choice("decode", "") not in g128
     assert len(every) == len(set(every))
     # one per distinct plan: split-K choices that give the same plan are timed once
     plans = [choice_plan.plan_of_choice(call, H200, c) for c in every]
@@ -301,7 +305,7 @@ def test_candidates_only_what_the_loader_has():
 
 
 def test_decode_candidates_include_the_k_splits():
-    call = _call(1)
+    call = _call(1, scheme="nvfp4")  # FP4 weights: the 16-bit-scale knob sets, KNOBS the plain one
     every = autotune.candidates(call, H200, status=lambda spec, arch: ("prebuilt", ""))
     dec = [c for c in every if c.decode]
     # the rule's split (2/1 here) and the forced ones 1, 2, 4, 8
@@ -309,8 +313,8 @@ def test_decode_candidates_include_the_k_splits():
     assert {(2, 1), (1, 1), (2, 2), (4, 4), (8, 8)} <= splits
     assert Choice("decode", "w8u8s4/w8u4s4") in every and Choice("decode", "w8u8s2/w8u4s2") in every
     # a forced split equal to the rule's (1/1 at two tokens) is the rule's plan: timed once
-    two = autotune.candidates(_call(2), H200, status=lambda spec, arch: ("prebuilt", ""))
-    assert choice_plan.plan_of_choice(_call(2), H200, Choice("decode", "")).splits == (1, 1)
+    two = autotune.candidates(_call(2, scheme="nvfp4"), H200, status=lambda spec, arch: ("prebuilt", ""))
+    assert choice_plan.plan_of_choice(_call(2, scheme="nvfp4"), H200, Choice("decode", "")).splits == (1, 1)
     assert Choice("decode", "") in two and Choice("decode", "w8u8s1/w8u4s1") not in two
     assert autotune.with_decode_split("w8u4/w8u2p0", 4) == "w8u4s4/w8u2s4p0"
     assert autotune.with_decode_split("w16u2", None) == "w16u2"

@@ -320,7 +320,8 @@ def test_split_cuda_graph_capture_and_replay():
 def test_rule_splits_the_small_grid_layers():
     """On this GPU the rule splits one-token calls of the layers whose decode grids are too small: few large
     experts (E=8, H=4096, I=14336, top-2: 64 down CTAs) and, with the 8-warp knobs, Kimi-K2 TP8 (E=384, H=7168,
-    I=256, top-8: 128 gate/up tiles), which by default takes 16-warp CTAs instead (one per SM, no split)."""
+    I=256, top-8: 128 gate/up tiles), which by default takes 16-warp CTAs instead (one per SM, no split; INT4
+    g128: the FP32-scale set of that regime)."""
     from w4a16_moe.activations import get_activation
     from w4a16_moe.device import probe
     from w4a16_moe.validate import MoECall
@@ -333,7 +334,8 @@ def test_rule_splits_the_small_grid_layers():
         assert p.decode, p.describe()
         assert knobs or max(p.splits) > 1, p.describe()
         if knobs:
-            assert dict(p.tiles)["knobs"] == dec.knob_items(dec.WIDE_KNOBS) and p.splits == (1, 1), p.describe()
+            wide = dec.FP32_SCALE_KNOB_SETS[dec.WIDE_KNOBS]  # (INT4 g128)
+            assert dict(p.tiles)["knobs"] == dec.knob_items(wide) and p.splits == (1, 1), p.describe()
             prov.clear_plans()
             with overrides.forced_decode(dec.parse_knobs(knobs)):
                 p = prov.plan(call, probe(dev))

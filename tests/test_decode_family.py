@@ -173,13 +173,17 @@ def test_decode_plans_carry_the_split(monkeypatch):
     h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
     for (e, h, i, k), rows in SPLIT_EXAMPLES.items():
         for t, want in rows.items():
+          for scheme in ("nvfp4", "int4_g128"):  # FP4: the 16-bit-scale sets; INT4 g128: FP32_SCALE_KNOB_SETS
             call = MoECall(t, k, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
-                           "deterministic", 0, "int4_g128")
+                           "deterministic", 0, scheme)
             p = provider.plan(call, h200)
             up, down = p.configs
             kn = dict(p.tiles)["knobs"]
-            if kn != ():  # a small grid, a short gate/up K or a large grid: a 16- or 4-warp set, its own split
-                assert kn == dec.knob_items(dec.default_knobs(t, k, h, 2 * i, 132)) and up.warps != 8
+            regime = dec.default_knobs(t, k, h, 2 * i, 132)
+            assert kn == dec.knob_items(dec.default_knobs(t, k, h, 2 * i, 132, fp32_scales=scheme == "int4_g128"))
+            if regime:  # a small grid, a short gate/up K or a large grid: a 16- or 4-warp set, its own split
+                assert up.warps != 8
+            if kn != ():  # (SPLIT_EXAMPLES: the splits of the 8-warp 16-bit-scale set, KNOBS)
                 want = (dec.num_splits(up, 2 * i, h, t, k, 132), dec.num_splits(down, h, i, t, k, 132))
             assert p.decode and p.splits == want, ((e, h, i, k), t, p.describe())
             assert p.counters == (dec.scratch_sizes(up, 2 * i, t, k, want[0])[1]
@@ -220,7 +224,10 @@ def test_use_decode_rule(monkeypatch):
 
 def test_variants():
     full = dec.aot_variants("full")
-    defaults = dec.variants(knobs=[()])
+    plain = [get_scheme(n) for n in SCHEMES if not dec.takes_fp32_scales(get_scheme(n))]
+    fp32 = [get_scheme(n) for n in SCHEMES if dec.takes_fp32_scales(get_scheme(n))]
+    defaults = dec.variants(schemes=plain, knobs=[()]) + dec.variants(
+        schemes=fp32, knobs=[dec.knob_items(dec.FP32_SCALE_KNOB_SETS[""])])  # each kind's plain set
     assert len(defaults) == len(SCHEMES) * 2 * 5  # 4 gate_up activations + 1 down per scheme and dtype
     assert set(s.name for s in defaults) <= set(s.name for s in full)
     assert {s.family for s in full} == {dec.FAMILY}
@@ -231,7 +238,7 @@ def test_variants():
                 for cfg in dec.configs(get_scheme(sch), dt, "swiglu", dec.knob_items(kn)):
                     assert dec.spec_for(cfg) in full
     assert fam.tuned_decode_knob_sets("int4_g128", "bf16") and not fam.tuned_decode_knob_sets("int4_g128", "fp16")
-    defaults16 = {c for kn in dec.default_knob_sets()
+    defaults16 = {c for kn in dec.default_knob_sets(True)
                   for c in dec.configs(get_scheme("int4_g128"), "fp16", "swiglu", dec.knob_items(kn))}
     for kn in fam.tuned_decode_knob_sets("int4_g128", "bf16"):
         for cfg in set(dec.configs(get_scheme("int4_g128"), "fp16", "swiglu", dec.knob_items(kn))) - defaults16:
@@ -338,11 +345,27 @@ def test_default_knobs_by_regime():
     up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items(dec.NARROW_KNOBS))
     assert (up.warps, up.unroll, down.warps, down.unroll) == (4, 8, 8, 4)
     assert down == dec.configs(get_scheme("int4_g128"), "bf16", "swiglu")[1]  # one down kernel for both sets
-    # each set is in the AOT full set for every scheme and dtype
+    # INT4 weights of one scale group per k64 unit: the regime's set with FP32 group scales and half the load
+    # batch (the 16-warp and 4-warp sets' regimes are those above); the expert-parallel set is the same
+    for args in ((1, 8, 7168, 512, 132), (2, 8, 7168, 512, 132), (4, 8, 7168, 512, 132), (1, 8, 7168, 4096, 132, 32, 256),
+                 (4, 8, 7168, 4096, 132, 32, 256)):
+        regime = dec.default_knobs(*args)
+        assert dec.default_knobs(*args, fp32_scales=True) == dec.FP32_SCALE_KNOB_SETS.get(regime, regime)
+    assert dec.FP32_SCALE_KNOB_SETS == {"": "w8u4x/w8u2x", dec.WIDE_KNOBS: "w16u2c132x/w16u2",
+                                        dec.NARROW_KNOBS: "w4u4x/w8u2x"}
+    assert [n for n in SCHEMES if dec.takes_fp32_scales(get_scheme(n))] == [
+        "int4_g64", "int4_g64_zp", "int4_g128", "int4_g128_zp", "int4_channel"]
+    up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu",
+                           dec.knob_items(dec.FP32_SCALE_KNOB_SETS[dec.WIDE_KNOBS]))
+    assert (up.warps, up.unroll, up.ctas, up.fp32_scale, down.warps, down.unroll, down.fp32_scale) == (16, 2, 132, True,
+                                                                                                      16, 2, False)
+    assert dec.default_knob_sets(False) == ["", dec.WIDE_KNOBS, dec.EP_KNOBS, dec.NARROW_KNOBS]
+    assert dec.default_knob_sets(True) == [dec.FP32_SCALE_KNOB_SETS.get(k, k) for k in dec.default_knob_sets(False)]
+    # each set of a scheme's kind is in the AOT full set for every scheme and dtype
     full = {s.name for s in dec.aot_variants("full")}
     for sch in SCHEMES:
         for dt in ("bf16", "fp16"):
-            for kn in dec.default_knob_sets():
+            for kn in dec.default_knob_sets(dec.takes_fp32_scales(get_scheme(sch))):
                 assert {dec.spec_for(c).name for c in dec.configs(get_scheme(sch), dt, "silu", dec.knob_items(kn))} <= full
 
 

@@ -117,17 +117,19 @@ def _decode_expected(r) -> bool:
 
 def _decode_configs_expected(r) -> list:
     """The recorded decode kernels where a tuned knob set or the default knobs govern the call; elsewhere the
-    kernels of the default knob set of the call's regime (:func:`.decode.family.default_knobs`, after ed90ab0)."""
+    kernels of the default knob set of the call's regime and weights (:func:`.decode.family.default_knobs`,
+    after ed90ab0)."""
     from w4a16_moe.formats.schemes import get_scheme
     from w4a16_moe.kernels.cute.decode import family as dec
 
     L = REC["layers"][r["layer"]]
     if fam.decode_knobs(r["tokens"], L["gpu"], L["e"], L["h"], L["i"], L["scheme"], L["dt"], L["k"]) is not None:
         return r["decode_configs"]
-    kn = dec.default_knobs(r["tokens"], L["k"], L["h"], 2 * L["i"], 132)
+    sch = get_scheme(L["scheme"])
+    kn = dec.default_knobs(r["tokens"], L["k"], L["h"], 2 * L["i"], 132, fp32_scales=dec.takes_fp32_scales(sch))
     if kn == "":
         return r["decode_configs"]
-    return [c.name() for c in dec.configs(get_scheme(L["scheme"]), L["dt"], "swiglu", dec.knob_items(kn))]
+    return [c.name() for c in dec.configs(sch, L["dt"], "swiglu", dec.knob_items(kn))]
 
 
 def _as_current(name: str) -> str:

@@ -173,7 +173,11 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
             and call.tokens * call.top_k <= DECODE_TUNE_MAX_ROUTES):
         from .decode.family import default_knob_sets
 
-        sets = list(dict.fromkeys([*default_knob_sets(), *sm90.tuned_decode_knob_sets(call.scheme, dt)]))
+        from ...formats.schemes import get_scheme
+        from .decode.family import takes_fp32_scales
+
+        fp32 = takes_fp32_scales(get_scheme(call.scheme))
+        sets = list(dict.fromkeys([*default_knob_sets(fp32), *sm90.tuned_decode_knob_sets(call.scheme, dt)]))
         out += [Choice("decode", with_decode_split(kn, sp)) for kn in sets for sp in DECODE_SPLITS]
     grouped = []
     if base.name == "sm90":

@@ -349,7 +349,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         if text is None:  # no tuned knob set for the layer: the default set of its regime
             text = dmod.default_knobs(call.tokens, call.top_k, call.hidden,
                                       call.intermediate * (2 if call.activation.gated else 1), info.sms,
-                                      call.experts, call.global_experts)
+                                      call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch))
             note = f"default knobs {text}" if text else "default knobs"
         else:
             note = f"knobs {text}" if text else "default knobs"

@@ -115,6 +115,18 @@ NARROW_KNOBS = "w4u8/w8u4"
 #: latency
 NARROW_TILES_PER_SM = 3
 
+#: the knob set of each regime of :func:`default_knobs` for the weights of :func:`takes_fp32_scales` (INT4, one
+#: scale group per k64 unit): the group scales applied in FP32 to each group's ``mma.sync`` sum (``x``,
+#: ``fp32_scale``) with half the k64 units per load batch of the 16-bit-scale set (the 16-warp gate/up set; its
+#: down kernel keeps 16-bit scales, with which it holds 128 registers without spilling). The expert-parallel set
+#: keeps 16-bit scales: its FP32-scale variant (``w8u4c264x``) spills at the 128 registers of two CTAs per SM.
+#: H200, 1-4 tokens of 16 layers (docs/perf/2026-12-04-decode-issue), time / the regime's 16-bit-scale set,
+#: geometric mean: INT4 g128 BF16 0.971 (16-warp, 12 rows) / 0.934 (8-warp, 5) / 0.942 (4-warp, 19), FP16 0.972 /
+#: 0.922 / 0.943, g128 with zero points 0.953 / 0.865 / 0.914, per channel 0.955 / 0.876 / 0.912. Group 32 keeps
+#: the 16-bit-scale sets (two scale groups per unit: more live registers; 0.984 / 1.182 / 1.081 with these sets)
+FP32_SCALE_KNOB_SETS = {"": "w8u4x/w8u2x", WIDE_KNOBS: "w16u2c132x/w16u2", NARROW_KNOBS: "w4u4x/w8u2x"}
+
+
 def _compile(spec: KernelSpec, arch: str):
     """The family's compile function (registered in :mod:`w4a16_moe.loader.spec` with its source modules)."""
     from .gemv import Sm90W4A16DecodeGemv
@@ -197,13 +209,16 @@ def _local_routes(routes: int, top_k: int, num_experts: Optional[int], num_globa
 
 
 def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: int,
-                  num_experts: Optional[int] = None, num_global_experts: Optional[int] = None) -> str:
+                  num_experts: Optional[int] = None, num_global_experts: Optional[int] = None,
+                  fp32_scales: bool = False) -> str:
     """The knob set (:func:`parse_knobs`; ``""``: :data:`KNOBS`) of a call the tuned table names none for, from
     its gate/up grid: ``4 * gate_up_rows / 128`` output tiles per working route (``tokens * top_k``, or with
     the expert-parallel hint, ``num_experts`` local of ``num_global_experts``, the expected local routes, at
     least one) and its K (``hidden``): :data:`WIDE_KNOBS` for at most one tile per SM (with the hint
     :data:`WIDE_TILES_PER_SM_EP`) and at least 16 batches of 4 units; else :data:`EP_KNOBS` with the hint; else :data:`NARROW_KNOBS` for fewer batches of 8 units than 8
-    warps or at least :data:`NARROW_TILES_PER_SM` tiles per SM; else the defaults."""
+    warps or at least :data:`NARROW_TILES_PER_SM` tiles per SM; else the defaults. ``fp32_scales`` (weights
+    :func:`takes_fp32_scales`): the regime's set of :data:`FP32_SCALE_KNOB_SETS` (the regimes are those of the
+    16-bit-scale sets)."""
     ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
     routes = _local_routes(tokens * top_k, top_k, num_experts, num_global_experts)
     tiles = 4 * (gate_up_rows // (64 * LAYOUT["w13"]["m64_per_block"])) * routes
@@ -213,16 +228,30 @@ def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: 
         return -(-units // knobs["unroll"]) >= knobs["warps"]
 
     if tiles <= (WIDE_TILES_PER_SM_EP if ep else 1) * sms and batches_cover_warps(parse_knobs(WIDE_KNOBS)["gate_up"]):
-        return WIDE_KNOBS
-    if ep:
-        return EP_KNOBS
-    short = not batches_cover_warps(KNOBS["gate_up"])
-    return NARROW_KNOBS if short or tiles >= NARROW_TILES_PER_SM * sms else ""
+        regime = WIDE_KNOBS
+    elif ep:
+        regime = EP_KNOBS
+    else:
+        short = not batches_cover_warps(KNOBS["gate_up"])
+        regime = NARROW_KNOBS if short or tiles >= NARROW_TILES_PER_SM * sms else ""
+    return FP32_SCALE_KNOB_SETS.get(regime, regime) if fp32_scales else regime
 
 
-def default_knob_sets() -> list:
-    """Every knob set :func:`default_knobs` can return (the AOT set and the tuner time each)."""
-    return ["", WIDE_KNOBS, EP_KNOBS, NARROW_KNOBS]
+def takes_fp32_scales(scheme) -> bool:
+    """Whether the default knob sets of ``scheme``'s calls are :data:`FP32_SCALE_KNOB_SETS`: INT4 weights of one
+    scale group per k64 unit (group >= 64, or per channel)."""
+    g = group_param(scheme)
+    return not scheme.is_fp4 and (g == 0 or g >= 64)
+
+
+def default_knob_sets(fp32_scales: Optional[bool] = None) -> list:
+    """Every knob set :func:`default_knobs` can return with (``fp32_scales=True``) or without FP32 scales, or
+    either (None): the AOT set and the tuner time each."""
+    base = ["", WIDE_KNOBS, EP_KNOBS, NARROW_KNOBS]
+    fp32 = [FP32_SCALE_KNOB_SETS.get(k, k) for k in base]
+    if fp32_scales is None:
+        return list(dict.fromkeys(base + fp32))
+    return fp32 if fp32_scales else base
 
 
 def num_parts(cfg, k: int, splits: int = 1) -> int:
@@ -368,7 +397,8 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:
-            sets = list(knobs) if knobs is not None else [knob_items(k) for k in default_knob_sets()] + [
+            sets = list(knobs) if knobs is not None else [
+                knob_items(k) for k in default_knob_sets(takes_fp32_scales(sch))] + [
                 knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name, dt)]
             for kn in sets:
                 for act in activations:
@@ -388,7 +418,8 @@ def gpt_oss_variants() -> list:
 
     g = sm90_family.GPT_OSS
     return variants(schemes=[get_scheme(g["scheme"])], dtypes=g["dtypes"], activations=g["activations"],
-                    knobs=[knob_items(k) for k in default_knob_sets()], biases=g["biases"])
+                    knobs=[knob_items(k) for k in default_knob_sets(takes_fp32_scales(get_scheme(g["scheme"])))],
+                    biases=g["biases"])
 
 
 def aot_variants(subset: str) -> list:
