@@ -366,7 +366,9 @@ def test_masked_plan_matches_triton(monkeypatch, pdl, experts, cap, hidden, bloc
 @pytest.mark.parametrize("source", ["int32", "int64", "mask"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tokens,top_k,hidden", [(1, 1, 8), (3, 8, 7168), (17, 6, 1000), (5, 2, 7),
-                                                 (300, 8, 2048), (2, 4, 4100)])
+                                                 (300, 8, 2048), (2, 4, 4100),
+                                                 (9, 10, 256), (4, 17, 40), (6, 16, 1024),  # batches of routes
+                                                 (3, 40, 72)])  # more routes than a warp's lanes
 def test_finalize_bit_identical_to_triton(monkeypatch, pdl, source, dtype, tokens, top_k, hidden):
     monkeypatch.setenv("W4A16_MOE_PDL", pdl)
     launch, fin = _launch(), _triton_finalize()
