@@ -171,10 +171,8 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     out = []
     if (base.name == "sm90" and not s.batch_invariant and s.cute_decode != "0"
             and call.tokens * call.top_k <= DECODE_TUNE_MAX_ROUTES):
-        from .decode.family import default_knob_sets
-
         from ...formats.schemes import get_scheme
-        from .decode.family import takes_fp32_scales
+        from .decode.family import default_knob_sets, takes_fp32_scales
 
         fp32 = takes_fp32_scales(get_scheme(call.scheme))
         sets = list(dict.fromkeys([*default_knob_sets(fp32), *sm90.tuned_decode_knob_sets(call.scheme, dt)]))
