@@ -244,14 +244,11 @@ def takes_fp32_scales(scheme) -> bool:
     return not scheme.is_fp4 and (g == 0 or g >= 64)
 
 
-def default_knob_sets(fp32_scales: Optional[bool] = None) -> list:
-    """Every knob set :func:`default_knobs` can return with (``fp32_scales=True``) or without FP32 scales, or
-    either (None): the AOT set and the tuner time each."""
+def default_knob_sets(fp32_scales: bool) -> list:
+    """Every knob set :func:`default_knobs` can return with (``fp32_scales``) or without FP32 scales: the AOT
+    set and the tuner time each."""
     base = ["", WIDE_KNOBS, EP_KNOBS, NARROW_KNOBS]
-    fp32 = [FP32_SCALE_KNOB_SETS.get(k, k) for k in base]
-    if fp32_scales is None:
-        return list(dict.fromkeys(base + fp32))
-    return fp32 if fp32_scales else base
+    return [FP32_SCALE_KNOB_SETS.get(k, k) for k in base] if fp32_scales else base
 
 
 def num_parts(cfg, k: int, splits: int = 1) -> int:
