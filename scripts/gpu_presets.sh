@@ -3,9 +3,11 @@
 # dense BF16, all in one process per layer, on the same inputs) in ONE device call, then convert the results
 # into the project's records with python -m w4a16_moe.bench.merge.
 #
-#   bash scripts/gpu_presets.sh PRESET[@T] [PRESET[@T] ...] [-- more peer_bench.py arguments]
+#   bash scripts/gpu_presets.sh LAYER[@T] [LAYER[@T] ...] [-- more peer_bench.py arguments]
+#     LAYER is a preset name, or E,H,I,TOPK[,E_GLOBAL]:G for a layer in no preset (group size G)
 #     e.g. bash scripts/gpu_presets.sh glm45-ep8
 #          bash scripts/gpu_presets.sh qwen3-235b-ep8@512 llama4-scout -- --tokens 1,8,64,512,4096
+#          bash scripts/gpu_presets.sh 8,4096,14336,2:128 64,2048,1408,6:32@64
 #
 # Before (CPU machine, checkout root): build the kernels (aot/build.sh .device/prebuilt --subset full) and stage
 # the peers (../shared/tools/peers/stage); run this with stage's carry list (.device/peers/bin,
@@ -62,7 +64,11 @@ pack() {  # refresh what comes back: called after every preset, so that a stop a
 rc=0
 for spec in "${presets[@]}"; do
   name=${spec%@*}
-  args=(--preset "$name")
+  case $name in
+    *,*:*) args=(--layer "${name%:*}" --group "${name##*:}") ;;
+    *,*) echo "$spec: a layer in no preset needs its group size (E,H,I,TOPK[,E_GLOBAL]:G)" | tee -a "$summary"; rc=2; continue ;;
+    *) args=(--preset "$name") ;;
+  esac
   [ "$spec" != "$name" ] && args+=(--resume-from "${spec#*@}")
   left=$(( LIMIT - ($(date +%s) - PEERS_CALL_START) - MARGIN ))
   if [ "$left" -lt "$MIN_S" ]; then
