@@ -215,8 +215,20 @@ def test_use_decode_rule(monkeypatch):
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
     assert not dec.use_decode(1, 8)
     monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "0")
-    # the tuned bound is the only test where there is one (no re-read test)
+    # the tuned bound is the only test where there is one (no re-read test, no bytes bound)
     assert dec.use_decode(8, 8, max_routes=64, num_experts=8)
+    assert dec.use_decode(4, 1, max_routes=4, num_experts=16, expert_bytes=10**9)
+    # the bytes bound: expected local routes x one expert's 4-bit weights; E=16, H=5120, I=8192, top-1 (63 MB
+    # an expert): two tokens stream 126 MB, three 189 MB (re-read 1.07 there: only the bytes bound refuses)
+    eb = 3 * 8192 * 5120 // 2
+    assert dec.streamed_bytes(3, 1, eb, 16) == 3 * eb
+    assert dec.use_decode(2, 1, None, 16, expert_bytes=eb) and not dec.use_decode(3, 1, None, 16, expert_bytes=eb)
+    assert dec.use_decode(3, 1, None, 16) and dec.reread_factor(3, 1, 16) <= dec.MAX_REREAD
+    # with the expert-parallel hint the bound counts the expected local routes (32 of 256 experts local,
+    # top-8: one local route per token): 7168 x 2048 experts (22 MB) at 8 tokens, 176 MB
+    eb = 3 * 2048 * 7168 // 2
+    assert dec.streamed_bytes(8, 8, eb, 32, 256) == 8 * eb <= dec.DECODE_MAX_WEIGHT_BYTES
+    assert dec.streamed_bytes(16, 8, eb, 32, 256) > dec.DECODE_MAX_WEIGHT_BYTES
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "yes")
     with pytest.raises(ValueError, match="W4A16_MOE_CUTE_DECODE"):
         dec.mode()
@@ -301,7 +313,7 @@ def test_reread_factor():
     (8, 2, 1),      # few large experts, top-2: 2 tokens re-read each expert 1.14x
     (128, 8, 4),    # 128 small experts, top-8: 4 tokens 1.099x, 5 tokens 1.13x
     (64, 6, 3),     # 64 experts, top-6: 3 tokens 1.0998x, 4 tokens 1.15x
-    (384, 8, 8),    # W1's shape untuned (e.g. FP16): the route bound decides (8 tokens: 1.08x)
+    (384, 8, 10),   # W1's shape untuned (e.g. FP16): 10 tokens 1.099x, 11 tokens 1.108x
     (8, 8, 1),      # top-8 of 8: two tokens read every expert twice
 ])
 def test_decode_rule_by_reread(monkeypatch, experts, top_k, largest):
@@ -313,6 +325,17 @@ def test_decode_rule_by_reread(monkeypatch, experts, top_k, largest):
     for t in took:
         assert t * top_k <= dec.DECODE_MAX_ROUTES and dec.reread_factor(t, top_k, experts) <= dec.MAX_REREAD
     assert dec.use_decode(largest + 1, top_k) == ((largest + 1) * top_k <= dec.DECODE_MAX_ROUTES)  # no E: old rule
+
+
+def test_decode_rule_by_bytes(monkeypatch):
+    """The bytes bound refuses calls the re-read bound lets through: W1's shape (384 experts of 7168 x 256,
+    2.75 MB each) takes the decode path up to 8 tokens (176 MB), not 9-10 (198-220 MB, re-read <= 1.1)."""
+    monkeypatch.delenv("W4A16_MOE_BATCH_INVARIANT", raising=False)
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "auto")
+    eb = 3 * 7168 * 256 // 2
+    took = [t for t in range(1, 33) if dec.use_decode(t, 8, None, 384, expert_bytes=eb)]
+    assert took == list(range(1, 9))
+    assert dec.use_decode(10, 8, None, 384) and not dec.use_decode(10, 8, None, 384, expert_bytes=eb)
 
 
 def test_default_knobs_by_regime():
@@ -336,8 +359,9 @@ def test_default_knobs_by_regime():
     assert dec.default_knobs(1, 8, 4096, 512, 132) == dec.WIDE_KNOBS  # 128 tiles, 16 batches of 4
     assert dec.default_knobs(1, 2, 4096, 28672, 132) == dec.NARROW_KNOBS
     assert dec.default_knobs(2, 8, 7168, 512, 132) == ""  # Kimi-K2 TP8, 2 tokens: 256 tiles
-    assert dec.default_knobs(4, 8, 7168, 512, 132) == dec.NARROW_KNOBS  # 512 >= 3 x 132
-    assert dec.default_knobs(4, 8, 7168, 512, 200) == ""  # ... not on a GPU of 200 SMs
+    assert dec.default_knobs(3, 8, 7168, 512, 132) == dec.NARROW_KNOBS  # 384 >= 2.5 x 132
+    assert dec.default_knobs(4, 8, 7168, 512, 132) == dec.NARROW_KNOBS
+    assert dec.default_knobs(4, 8, 7168, 512, 220) == ""  # ... not on a GPU of 220 SMs
     up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items(dec.WIDE_KNOBS))
     assert (up.warps, up.unroll, up.ctas, down.warps, down.unroll, down.ctas) == (16, 4, 132, 16, 2, 0)
     up, down = dec.configs(get_scheme("int4_g128"), "bf16", "swiglu", dec.knob_items(dec.EP_KNOBS))

@@ -112,7 +112,7 @@ def _decode_expected(r) -> bool:
     L = REC["layers"][r["layer"]]
     if fam.decode_bound(L["gpu"], L["e"], L["h"], L["i"], L["scheme"], L["dt"], L["k"]) is not None:
         return r["use_decode"]
-    return dec.use_decode(r["tokens"], L["k"], None, L["e"])
+    return dec.use_decode(r["tokens"], L["k"], None, L["e"], expert_bytes=3 * L["h"] * L["i"] // 2)
 
 
 def _decode_configs_expected(r) -> list:

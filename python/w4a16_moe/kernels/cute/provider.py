@@ -9,7 +9,7 @@ One ``fused_moe`` call on SM90 runs (no host synchronization; capturable in a CU
 4. deterministic: the fixed top-k-order FP32 finalize (the Triton provider's kernel, shared so both
    providers combine identically); fused: one cast of ``out32``.
 
-Small routed calls (``T * top_k`` up to a tuned bound, by default 64 routes that read each expert's
+Small routed calls (``T * top_k`` up to a tuned bound, by default 128 routes that read each expert's
 weights about once; see :mod:`.decode.family`)
 skip all of that on SM90: two route-major decode kernels (:mod:`.decode.gemv`) read each route's expert
 id straight from ``topk_ids``, write ``h`` by route, and the down kernel combines every token's routes in
@@ -339,7 +339,9 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         return None
     else:
         bound = smod.decode_bound(*key)
-    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme):
+    n13 = call.intermediate * (2 if call.activation.gated else 1)
+    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme,
+                           expert_bytes=(n13 + call.intermediate) * call.hidden // 2):
         return None
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
@@ -347,8 +349,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
     else:
         text = smod.decode_knobs(call.tokens, *key)
         if text is None:  # no tuned knob set for the layer: the default set of its regime
-            text = dmod.default_knobs(call.tokens, call.top_k, call.hidden,
-                                      call.intermediate * (2 if call.activation.gated else 1), info.sms,
+            text = dmod.default_knobs(call.tokens, call.top_k, call.hidden, n13, info.sms,
                                       call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch))
             note = f"default knobs {text}" if text else "default knobs"
         else:
@@ -360,7 +361,9 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
             note += f", tuned bound {bound} routes"
         else:
             reread = dmod.reread_factor(call.tokens, call.top_k, call.experts, call.global_experts)
-            note += f", cost model: re-read {reread:.2f}x"
+            mb = dmod.streamed_bytes(call.tokens, call.top_k, (n13 + call.intermediate) * call.hidden // 2,
+                                     call.experts, call.global_experts) / 1e6
+            note += f", cost model: re-read {reread:.2f}x, {mb:.0f} MB streamed"
         note += _ep_note(call)
     return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note)
 

@@ -7,7 +7,8 @@ built for sm_90a (where they run next to the WGMMA family).
 
 When (:func:`use_decode`): a routed call (not the masked layout) with ``T * top_k <= DECODE_MAX_ROUTES``
 routes that reads each expert's weights about once (:func:`reread_factor` <= :data:`MAX_REREAD`, :data:`MAX_REREAD_FP4` for FP4 weights: the
-decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per expert),
+decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per expert)
+and streams at most :data:`DECODE_MAX_WEIGHT_BYTES` of weights (the grouped GEMMs stream a large call faster),
 unless ``W4A16_MOE_BATCH_INVARIANT=1`` (a route's result must then not depend on its batch; the
 decode path combines in a different order than the grouped GEMMs) or ``W4A16_MOE_CUTE_DECODE=0``. The
 tuned table may bound it per layer shape instead (a measured bound on ``T * top_k``, no re-read test), and names the knob set per token count
@@ -39,7 +40,7 @@ from ..sm90.family import group_param  # the decode kernels read the SM90 layout
 from ..tiles import expected_local
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
-           "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
+           "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "DECODE_MAX_WEIGHT_BYTES", "streamed_bytes", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
            "parse_knobs", "knob_items", "knob_text", "default_knobs", "default_knob_sets", "WIDE_KNOBS", "WIDE_TILES_PER_SM_EP", "EP_KNOBS", "NARROW_KNOBS", "NARROW_TILES_PER_SM", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
            "MIN_UNITS_PER_WARP", "MAX_SPLITS", "SPLIT_CTA_WARPS"]
 
@@ -48,8 +49,11 @@ ARCHS = SM90_ARCHS
 #: instructions every kernel of the family must contain (the AOT SASS check)
 SASS_EXPECT = ("HMMA",)
 MAX_GRID_Y = 65535
-#: default bound on T * top_k for the decode path (the tuned table can say otherwise per layer shape)
-DECODE_MAX_ROUTES = 64
+#: default bound on T * top_k for the decode path (the tuned table can say otherwise per layer shape); the
+#: re-read and bytes bounds below decide before it on layers of up to ~400 experts; on 512 experts, top-10
+#: (H200, docs/perf/2026-12-04-decode-bytes) the decode kernels were 0.90-0.96 x the grouped GEMMs' time at
+#: 80-100 routes (re-read 1.07-1.09), so the bound is 128 (it was 64)
+DECODE_MAX_ROUTES = 128
 
 #: the largest expected re-read factor (:func:`reread_factor`) at which an untuned layer takes the decode path.
 #: The decode kernels stream an expert's weights once per route that hits it, the grouped GEMMs once per
@@ -65,6 +69,14 @@ MAX_REREAD = 1.1
 #: kernels took 1.19 x the SM90 TN 8 tile's time (their E2M1 decode on ``mma.sync`` streams slower than the
 #: WGMMA kernels'), so FP4 calls take them only when every route hits its own expert (1-2 tokens there)
 MAX_REREAD_FP4 = 1.02
+#: the most 4-bit weight bytes (expected local routes x an expert's gate/up and down weights) a call the tuned
+#: table does not bound streams on the decode kernels. Their cost is about 9 us + bytes / 3.0 TB/s on the H200,
+#: the grouped path's about 20 us + bytes / 3.8 TB/s (fits over 147 rows of 16 layer shapes, INT4 g128 and g32,
+#: 1-24 tokens, docs/perf/2026-12-04-decode-bytes): the saved launches pay up to ~150-200 MB. With this
+#: bound (and the 4-warp threshold and route bound below), the default's time over the fastest timed choice,
+#: geometric mean: 1.0248 -> 1.0137 on those 174 rows (the bound left out of the fit of each layer in turn is
+#: the same for 19 of 20), 1.0210 -> 1.0199 on 64 rows of 8 layers held out
+DECODE_MAX_WEIGHT_BYTES = 180_000_000
 
 #: K split across CTAs (:func:`num_splits`): the split grid aims at this many CTAs per SM (about two waves of
 #: one 8-warp CTA per SM, or one wave of two: every SM gets work, with 8-16 warps' loads in flight each)
@@ -112,8 +124,9 @@ NARROW_KNOBS = "w4u8/w8u4"
 #: ... its grid bound: at least this many gate/up output tiles (CTAs without a split) per SM. H200: 9-20% faster
 #: than 8 warps on every row of E=8, H=4096, I=14336 and E=16, H=5120, I=8192 (512-7168 tiles), within 1% on
 #: Kimi-K2's shape at 512 tiles, and 13-17% slower at 128-256 tiles, where each warp's longer K range is the
-#: latency
-NARROW_TILES_PER_SM = 3
+#: latency; with the FP32-scale sets (docs/perf/2026-12-04-decode-bytes) 0.88-0.90 x the 8-warp set's time at
+#: 384 tiles (2.9 per SM) on four layers, 1.08-1.11 x at 256 (1.9 per SM)
+NARROW_TILES_PER_SM = 2.5
 
 #: the knob set of each regime of :func:`default_knobs` for the weights of :func:`takes_fp32_scales` (INT4, one
 #: scale group per k64 unit): the group scales applied in FP32 to each group's ``mma.sync`` sum (``x``,
@@ -337,15 +350,24 @@ def reread_factor(tokens: int, top_k: int, num_experts: int, num_global_experts:
     return tokens * top_k * num_experts / g / d if d > 0 else 1.0
 
 
+def streamed_bytes(tokens: int, top_k: int, expert_bytes: int, num_experts: Optional[int] = None,
+                   num_global_experts: Optional[int] = None) -> int:
+    """The 4-bit weight bytes the decode kernels stream for a call: one expert's (``expert_bytes``) per
+    expected local route (every route without the expert-parallel hint)."""
+    return _local_routes(tokens * top_k, top_k, num_experts, num_global_experts) * expert_bytes
+
+
 def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
                num_experts: Optional[int] = None, num_global_experts: Optional[int] = None,
-               scheme=None) -> bool:
+               scheme=None, expert_bytes: Optional[int] = None) -> bool:
     """Whether a routed call of ``tokens`` x ``top_k`` runs on the decode kernels (see the module docstring);
     ``max_routes`` is the tuned bound on ``T * top_k`` for the layer shape, when there is one (0: never; it is
     then the only test). Without one: at most :data:`DECODE_MAX_ROUTES` routes and, when ``num_experts`` (the
     local experts) is given, a re-read factor of at most :data:`MAX_REREAD` (``num_global_experts``: the
     expert-parallel hint, routes uniform over that many experts; the route bound stays on ``T * top_k``,
-    the launch's size, skipped routes included; ``scheme``: an FP4 scheme's bound is :data:`MAX_REREAD_FP4`)."""
+    the launch's size, skipped routes included; ``scheme``: an FP4 scheme's bound is :data:`MAX_REREAD_FP4`)
+    and, when ``expert_bytes`` (one expert's 4-bit gate/up and down weights, ``(N13 + I) * H / 2``) is given,
+    at most :data:`DECODE_MAX_WEIGHT_BYTES` streamed by the expected local routes."""
     s = settings.get()
     m = s.cute_decode
     if m == "0" or s.batch_invariant or tokens == 0:
@@ -357,6 +379,9 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
     if max_routes is not None:
         return tokens * top_k <= max_routes
     if tokens * top_k > DECODE_MAX_ROUTES:
+        return False
+    if expert_bytes is not None and streamed_bytes(tokens, top_k, expert_bytes, num_experts,
+                                                   num_global_experts) > DECODE_MAX_WEIGHT_BYTES:
         return False
     bound = MAX_REREAD_FP4 if sm90_family._fp4(scheme) else MAX_REREAD
     return num_experts is None or reread_factor(tokens, top_k, num_experts, num_global_experts) <= bound
