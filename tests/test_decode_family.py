@@ -336,6 +336,18 @@ def test_decode_rule_by_bytes(monkeypatch):
     took = [t for t in range(1, 33) if dec.use_decode(t, 8, None, 384, expert_bytes=eb)]
     assert took == list(range(1, 9))
     assert dec.use_decode(10, 8, None, 384) and not dec.use_decode(10, 8, None, 384, expert_bytes=eb)
+    # what decode_refusal says for each bound (None where the call takes the decode kernels)
+    assert dec.decode_refusal(8, 8, None, 384, expert_bytes=eb) is None
+    assert dec.decode_refusal(10, 8, None, 384, expert_bytes=eb) == "220 MB streamed > 180 MB"
+    assert dec.decode_refusal(11, 8, None, 384) == "re-read 1.11x > 1.1"
+    assert dec.decode_refusal(17, 8, None, 384) == f"136 routes > {dec.DECODE_MAX_ROUTES}"
+    assert dec.decode_refusal(5, 8, 32, 384) == "40 routes > the tuned bound 32"
+    assert dec.decode_refusal(0, 8) == "no tokens"
+    monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "1")
+    assert dec.decode_refusal(1, 8) == "batch-invariant mode"
+    monkeypatch.setenv("W4A16_MOE_BATCH_INVARIANT", "0")
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
+    assert dec.decode_refusal(1, 8) == "W4A16_MOE_CUTE_DECODE=0"
 
 
 def test_default_knobs_by_regime():

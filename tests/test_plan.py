@@ -353,3 +353,37 @@ def test_the_tuner_records_the_kernel_sources():
     got = bench_run._source_hashes()
     assert got and got == {k: v for k, v in _running().items() if k.startswith("source:")}
     assert {"source:sm90", "source:warp", "source:decode"} <= set(got)
+
+
+@pytest.mark.parametrize("layer, tokens, decode, says", [
+    ((128, 4096, 1536), 2, True, "re-read 1.03x, 151 MB streamed"),         # 16 routes of a 9.4 MB expert each
+    ((128, 4096, 1536), 4, False, "not decode: 302 MB streamed > 180 MB"),  # re-read 1.10: the bytes bound declines
+    ((128, 4096, 1536), 6, False, "not decode: 453 MB streamed > 180 MB"),
+    ((128, 2048, 768), 6, False, "not decode: re-read 1.17x > 1.1"),       # 113 MB of 2.4 MB experts
+    ((128, 4096, 1536), 24, False, "cost model: ~"),  # 192 routes: past the route bound, no decode note
+])
+def test_plan_says_why_not_decode(layer, tokens, decode, says):
+    """Untuned layers (top-8): the plan names the bytes the decode path would stream, and a grouped plan within
+    the decode route bound says why the decode rule declined the call."""
+    e, h, i = layer
+    call = MoECall(tokens, 8, h, i, e, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                   "deterministic", 0, "int4_g128")
+    p = provider.plan(call, DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132))
+    assert p.decode == decode and says in p.note, p.note
+    if tokens * 8 > 128:
+        assert "not decode" not in p.note
+
+
+def test_plan_says_decode_is_off(monkeypatch):
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
+    from w4a16_moe import settings
+
+    settings.refresh()
+    try:
+        call = MoECall(1, 8, 4096, 1536, 128, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                       "deterministic", 0, "int4_g128")
+        p = provider.plan(call, DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132))
+        assert not p.decode and p.note.endswith("not decode: W4A16_MOE_CUTE_DECODE=0"), p.note
+    finally:
+        monkeypatch.delenv("W4A16_MOE_CUTE_DECODE")
+        settings.refresh()

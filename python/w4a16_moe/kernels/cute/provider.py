@@ -233,20 +233,22 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     dec = _decode_plan(base, call, sch, dt, info)
     if dec is not None:
         return dec, None
-    note = "forced" if overrides.current().candidate is not None else _table_note(base, call, dt, info)
+    note = ("forced" if overrides.current().candidate is not None
+            else _table_note(base, call, dt, info, _not_decode_note(base, call, dt, info)))
     return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note), None
 
 
-def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
-    """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule (with the
-    expert-parallel hint: the expected routes per local expert it used)."""
+def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo, why_not_decode: str = "") -> str:
+    """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule, then
+    ``why_not_decode`` (:func:`_not_decode_note`), then with the expert-parallel hint the expected routes per
+    local expert it used."""
     counts = getattr(_module(base), "tuned_token_counts", None)
     rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
                   call.global_experts) if counts else []
     if not rows:
-        return _rule_note(base, call, info) + _ep_note(call)
+        return _rule_note(base, call, info) + why_not_decode + _ep_note(call)
     below = [t for t in rows if t <= call.tokens]
-    return f"tuned row T={below[-1] if below else rows[0]}" + _ep_note(call)
+    return f"tuned row T={below[-1] if below else rows[0]}" + why_not_decode + _ep_note(call)
 
 
 def _rule_note(base: KernelFamily, call, info: DeviceInfo) -> str:
@@ -332,7 +334,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
     force = overrides.current()
     if settings.get().cute_decode == "0":
         return None
-    key = (info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k, call.global_experts)
+    key = _decode_key(call, dt, info)
     if force.decode_knobs is not None:  # the tuner timing the decode kernels
         bound = 1 << 30
     elif force.candidate is not None:  # the tuner timing a grouped-GEMM tile shape
@@ -341,7 +343,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
         bound = smod.decode_bound(*key)
     n13 = call.intermediate * (2 if call.activation.gated else 1)
     if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme,
-                           expert_bytes=(n13 + call.intermediate) * call.hidden // 2):
+                           expert_bytes=_expert_bytes(call)):
         return None
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
@@ -361,11 +363,37 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
             note += f", tuned bound {bound} routes"
         else:
             reread = dmod.reread_factor(call.tokens, call.top_k, call.experts, call.global_experts)
-            mb = dmod.streamed_bytes(call.tokens, call.top_k, (n13 + call.intermediate) * call.hidden // 2,
-                                     call.experts, call.global_experts) / 1e6
+            mb = dmod.streamed_bytes(call.tokens, call.top_k, _expert_bytes(call), call.experts,
+                                     call.global_experts) / 1e6
             note += f", cost model: re-read {reread:.2f}x, {mb:.0f} MB streamed"
         note += _ep_note(call)
     return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note)
+
+
+def _decode_key(call, dt: str, info: DeviceInfo) -> tuple:
+    """The layer key of the tuned table's decode bound and knob sets."""
+    return (info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k, call.global_experts)
+
+
+def _expert_bytes(call) -> int:
+    """One expert's 4-bit gate/up and down weight bytes (the decode rule's bytes bound)."""
+    n13 = call.intermediate * (2 if call.activation.gated else 1)
+    return (n13 + call.intermediate) * call.hidden // 2
+
+
+def _not_decode_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
+    """``", not decode: <why>"`` for a grouped plan of a call within the decode path's route bound that the
+    decode rule declined (:func:`.decode.family.decode_refusal`), else ``""``."""
+    dec = _decode_beside(base)
+    if dec is None or getattr(call, "routes_only", False) or dec.can_implement(call) is not None:
+        return ""
+    dmod = _module(dec)
+    if call.tokens * call.top_k > dmod.DECODE_MAX_ROUTES:
+        return ""
+    bound = _module(base).decode_bound(*_decode_key(call, dt, info))
+    why = dmod.decode_refusal(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme,
+                              expert_bytes=_expert_bytes(call))
+    return f", not decode: {why}" if why else ""
 
 
 def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, info: DeviceInfo, knobs: tuple,

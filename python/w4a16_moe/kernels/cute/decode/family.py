@@ -40,7 +40,7 @@ from ..sm90.family import group_param  # the decode kernels read the SM90 layout
 from ..tiles import expected_local
 
 __all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
-           "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "DECODE_MAX_WEIGHT_BYTES", "streamed_bytes", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
+           "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "DECODE_MAX_WEIGHT_BYTES", "streamed_bytes", "decode_refusal", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
            "parse_knobs", "knob_items", "knob_text", "default_knobs", "default_knob_sets", "WIDE_KNOBS", "WIDE_TILES_PER_SM_EP", "EP_KNOBS", "NARROW_KNOBS", "NARROW_TILES_PER_SM", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
            "MIN_UNITS_PER_WARP", "MAX_SPLITS", "SPLIT_CTA_WARPS"]
 
@@ -367,24 +367,44 @@ def use_decode(tokens: int, top_k: int, max_routes: Optional[int] = None,
     expert-parallel hint, routes uniform over that many experts; the route bound stays on ``T * top_k``,
     the launch's size, skipped routes included; ``scheme``: an FP4 scheme's bound is :data:`MAX_REREAD_FP4`)
     and, when ``expert_bytes`` (one expert's 4-bit gate/up and down weights, ``(N13 + I) * H / 2``) is given,
-    at most :data:`DECODE_MAX_WEIGHT_BYTES` streamed by the expected local routes."""
+    at most :data:`DECODE_MAX_WEIGHT_BYTES` streamed by the expected local routes. :func:`decode_refusal` says
+    why not."""
+    return decode_refusal(tokens, top_k, max_routes, num_experts, num_global_experts, scheme, expert_bytes) is None
+
+
+def decode_refusal(tokens: int, top_k: int, max_routes: Optional[int] = None,
+                   num_experts: Optional[int] = None, num_global_experts: Optional[int] = None,
+                   scheme=None, expert_bytes: Optional[int] = None) -> Optional[str]:
+    """Why :func:`use_decode` (same arguments) declines a call, or None where the call takes the decode kernels:
+    ``"W4A16_MOE_CUTE_DECODE=0"``, ``"batch-invariant mode"``, ``"no tokens"``, ``"<R> routes exceed one
+    launch"``, ``"<R> routes > the tuned bound <B>"``, ``"<R> routes > <DECODE_MAX_ROUTES>"``,
+    ``"<M> MB streamed > <DECODE_MAX_WEIGHT_BYTES> MB"`` or ``"re-read <F>x > <bound>"``."""
     s = settings.get()
     m = s.cute_decode
-    if m == "0" or s.batch_invariant or tokens == 0:
-        return False
-    if tokens * top_k > MAX_GRID_Y:
-        return False
+    routes = tokens * top_k
+    if m == "0":
+        return "W4A16_MOE_CUTE_DECODE=0"
+    if s.batch_invariant:
+        return "batch-invariant mode"
+    if tokens == 0:
+        return "no tokens"
+    if routes > MAX_GRID_Y:
+        return f"{routes} routes exceed one launch"
     if m == "1":
-        return True
+        return None
     if max_routes is not None:
-        return tokens * top_k <= max_routes
-    if tokens * top_k > DECODE_MAX_ROUTES:
-        return False
-    if expert_bytes is not None and streamed_bytes(tokens, top_k, expert_bytes, num_experts,
-                                                   num_global_experts) > DECODE_MAX_WEIGHT_BYTES:
-        return False
+        return None if routes <= max_routes else f"{routes} routes > the tuned bound {max_routes}"
+    if routes > DECODE_MAX_ROUTES:
+        return f"{routes} routes > {DECODE_MAX_ROUTES}"
+    if expert_bytes is not None:
+        streamed = streamed_bytes(tokens, top_k, expert_bytes, num_experts, num_global_experts)
+        if streamed > DECODE_MAX_WEIGHT_BYTES:
+            return f"{streamed / 1e6:.0f} MB streamed > {DECODE_MAX_WEIGHT_BYTES / 1e6:.0f} MB"
+    if num_experts is None:
+        return None
     bound = MAX_REREAD_FP4 if sm90_family._fp4(scheme) else MAX_REREAD
-    return num_experts is None or reread_factor(tokens, top_k, num_experts, num_global_experts) <= bound
+    reread = reread_factor(tokens, top_k, num_experts, num_global_experts)
+    return None if reread <= bound else f"re-read {reread:.2f}x > {bound}"
 
 
 def knob_items(text: Optional[str]) -> tuple:
