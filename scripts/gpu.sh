@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The one command that runs the GPU tests and the benchmarks on the GPU machine (see README, "Development").
 #   scripts/gpu.sh [build] [tests] [bench] [bench-ep] [tune] [sanitize] [ab]   (default: tests bench)
+# tests: pytest -m gpu over tests/ (TEST_SHARD=K/N: the K-th of N round-robin shards, for a suite longer than one
+#        call; TEST_TIMEOUT, default 540 s);
 # build: compile the kernels there (needs the CuTe DSL, e.g. staged by ../shared/tools/stage-cutlass-dsl into
 #        /tmp/site): .device/specs.json if present (scripts/device_specs.py), else the full subset, all cores;
 # sanitize: scripts/sanitize.sh (compute-sanitizer memcheck / initcheck / racecheck over every CuTe path);
@@ -39,7 +41,10 @@ for step in $steps; do
       scripts/ab_bench.sh .device/old 2>&1 | tee "$OUT/ab.log"
       rc=$((rc | ${PIPESTATUS[0]})) ;;
     tests)
-      timeout "${TEST_TIMEOUT:-400}" python -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
+      shard=()
+      [ -n "${TEST_SHARD:-}" ] && shard=(--shard "$TEST_SHARD")
+      timeout "${TEST_TIMEOUT:-540}" python -m pytest -q -m gpu -p no:cacheprovider ${shard[@]+"${shard[@]}"} tests 2>&1 \
+        | tee "$OUT/gpu_tests.log"
       rc=$((rc | ${PIPESTATUS[0]})) ;;
     bench)
       for w in "kimi-tp8 w1" "deepseek-ep8 w2"; do

@@ -66,11 +66,38 @@ def tuned_rows_current(monkeypatch):
     provider.clear_plans()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", default=None, metavar="K/N",
+                     help="run only the K-th of N round-robin shards of the selected tests (1 <= K <= N), so that a "
+                          "suite longer than one device call runs over N calls (scripts/gpu.sh: TEST_SHARD=K/N)")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+    shard = config.getoption("--shard")
+    if shard is not None:
+        _parse_shard(shard)  # a malformed value stops the run before collection
 
 
+def _parse_shard(text: str) -> tuple:
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise pytest.UsageError(f"--shard: expected K/N with 1 <= K <= N, got {text!r}")
+    return int(k), int(n)
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip without a CUDA GPU; with ``--shard K/N`` only every N-th selected test from the
+    K-th on runs (after ``-m`` / ``-k``), the rest deselected."""
+    shard = config.getoption("--shard")
+    if shard is not None:
+        k, n = _parse_shard(shard)
+        keep = [it for i, it in enumerate(items) if i % n == k - 1]
+        drop = [it for i, it in enumerate(items) if i % n != k - 1]
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+        items[:] = keep
     if HAS_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
