@@ -93,7 +93,7 @@ def pytest_collection_modifyitems(config, items):
     shard = config.getoption("--shard")
     if shard is not None:
         k, n = _parse_shard(shard)
-        keep = [it for i, it in enumerate(items) if i % n == k - 1]
+        keep = items[k - 1::n]
         drop = [it for i, it in enumerate(items) if i % n != k - 1]
         if drop:
             config.hook.pytest_deselected(items=drop)

@@ -230,17 +230,16 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     auto = autotuned_plan(base, call, sch, dt, info)
     if auto is not None:
         return auto, None
-    dec = _decode_plan(base, call, sch, dt, info)
+    dec, why_not_decode = _decode_plan(base, call, sch, dt, info)
     if dec is not None:
         return dec, None
-    note = ("forced" if overrides.current().candidate is not None
-            else _table_note(base, call, dt, info, _not_decode_note(base, call, dt, info)))
+    note = "forced" if overrides.current().candidate is not None else _table_note(base, call, dt, info, why_not_decode)
     return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note), None
 
 
 def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo, why_not_decode: str = "") -> str:
     """Where a grouped choice came from: the tuned table's row (``tuned row T=...``) or the rule, then
-    ``why_not_decode`` (:func:`_not_decode_note`), then with the expert-parallel hint the expected routes per
+    ``why_not_decode`` (from :func:`_decode_plan`), then with the expert-parallel hint the expected routes per
     local expert it used."""
     counts = getattr(_module(base), "tuned_token_counts", None)
     rows = counts(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
@@ -321,30 +320,32 @@ def _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, a
                 (up, down), (fam.spec_for(up).name, fam.spec_for(down).name), max_tiles, counters, note, pad)
 
 
-def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Optional[Plan]:
-    """The plan of a routed call on the decode kernels beside ``base``, or None when it does not use them
-    (:func:`.decode.family.use_decode`, the tuned bound, the overrides)."""
+def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tuple:
+    """``(plan or None, why not)``: the plan of a routed call on the decode kernels beside ``base``, or None when
+    it does not use them (:func:`.decode.family.use_decode`, the tuned bound, the overrides); ``why not`` is
+    ``", not decode: <why>"`` (:func:`.decode.family.decode_refusal`) for a call within the decode path's route
+    bound that the rule declined, else ``""``."""
     if getattr(call, "routes_only", False):
-        return None  # expert-parallel halves always run the grouped GEMMs
+        return None, ""  # expert-parallel halves always run the grouped GEMMs
     dec = _decode_beside(base)
     if dec is None or dec.can_implement(call) is not None:
-        return None
+        return None, ""
     dmod = _module(dec)
     smod = _module(base)
     force = overrides.current()
-    if settings.get().cute_decode == "0":
-        return None
-    key = _decode_key(call, dt, info)
+    key = (info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k, call.global_experts)
     if force.decode_knobs is not None:  # the tuner timing the decode kernels
         bound = 1 << 30
     elif force.candidate is not None:  # the tuner timing a grouped-GEMM tile shape
-        return None
+        return None, ""
     else:
         bound = smod.decode_bound(*key)
     n13 = call.intermediate * (2 if call.activation.gated else 1)
-    if not dmod.use_decode(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme,
-                           expert_bytes=_expert_bytes(call)):
-        return None
+    expert_bytes = (n13 + call.intermediate) * call.hidden // 2  # one expert's 4-bit gate/up and down weights
+    why = dmod.decode_refusal(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme,
+                              expert_bytes=expert_bytes)
+    if why is not None:
+        return None, (f", not decode: {why}" if call.tokens * call.top_k <= dmod.DECODE_MAX_ROUTES else "")
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
         note = "forced knobs"
@@ -363,37 +364,10 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Op
             note += f", tuned bound {bound} routes"
         else:
             reread = dmod.reread_factor(call.tokens, call.top_k, call.experts, call.global_experts)
-            mb = dmod.streamed_bytes(call.tokens, call.top_k, _expert_bytes(call), call.experts,
-                                     call.global_experts) / 1e6
+            mb = dmod.streamed_bytes(call.tokens, call.top_k, expert_bytes, call.experts, call.global_experts) / 1e6
             note += f", cost model: re-read {reread:.2f}x, {mb:.0f} MB streamed"
         note += _ep_note(call)
-    return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note)
-
-
-def _decode_key(call, dt: str, info: DeviceInfo) -> tuple:
-    """The layer key of the tuned table's decode bound and knob sets."""
-    return (info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k, call.global_experts)
-
-
-def _expert_bytes(call) -> int:
-    """One expert's 4-bit gate/up and down weight bytes (the decode rule's bytes bound)."""
-    n13 = call.intermediate * (2 if call.activation.gated else 1)
-    return (n13 + call.intermediate) * call.hidden // 2
-
-
-def _not_decode_note(base: KernelFamily, call, dt: str, info: DeviceInfo) -> str:
-    """``", not decode: <why>"`` for a grouped plan of a call within the decode path's route bound that the
-    decode rule declined (:func:`.decode.family.decode_refusal`), else ``""``."""
-    dec = _decode_beside(base)
-    if dec is None or getattr(call, "routes_only", False) or dec.can_implement(call) is not None:
-        return ""
-    dmod = _module(dec)
-    if call.tokens * call.top_k > dmod.DECODE_MAX_ROUTES:
-        return ""
-    bound = _module(base).decode_bound(*_decode_key(call, dt, info))
-    why = dmod.decode_refusal(call.tokens, call.top_k, bound, call.experts, call.global_experts, call.scheme,
-                              expert_bytes=_expert_bytes(call))
-    return f", not decode: {why}" if why else ""
+    return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note), ""
 
 
 def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, info: DeviceInfo, knobs: tuple,
