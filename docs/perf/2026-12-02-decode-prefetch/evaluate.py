@@ -1,6 +1,6 @@
 """The tables of this study from its sweep (CPU; run from the repository root with the package importable):
 
-    python docs/perf/2026-12-02-decode-prefetch/evaluate.py docs/perf/2026-12-02-decode-prefetch/sweep_d_bf16.json
+    python docs/perf/2026-12-02-decode-prefetch/evaluate.py docs/perf/2026-12-02-decode-prefetch/sweep_d_bf16.json.gz
 
 1. For each knob set of the selection (``w16u4c132/w16u2``, ``w8u8c264/w8u4``, ``w4u8/w8u4``) and each row: the
    time with ``f`` (gate/up L2 prefetch), ``x`` (FP32 group scales, both kernels) and ``fx`` over the time
@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -40,7 +41,7 @@ def geo(v):
 
 def main(paths) -> None:
     provider._kernels_available = lambda arch: None
-    rows = [r for p in paths for r in json.load(open(p))["rows"]]
+    rows = [r for p in paths for r in json.load(gzip.open(p, "rt") if p.endswith(".gz") else open(p))["rows"]]
     print("| knob set | with | rows | time / without, geometric mean | range |")
     print("|---|---|---:|---:|---|")
     for base in BASES:

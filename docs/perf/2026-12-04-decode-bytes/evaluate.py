@@ -8,6 +8,7 @@ rule) over the fastest choice the sweep timed, and prints the geometric mean, th
 1.05, on the fitting sweeps and on the held-out one. It also prints the two linear fits quoted in the README.
 """
 
+import gzip
 import json
 import math
 import os
@@ -24,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def load(*names):
     rows = []
     for n in names:
-        with open(os.path.join(HERE, n)) as f:
+        with gzip.open(os.path.join(HERE, n), "rt") as f:
             rows += json.load(f)["rows"]
     return rows
 
@@ -89,8 +90,8 @@ def linear_fits(rows):
 
 
 if __name__ == "__main__":
-    fit = load("fit_int4_g128.json", "fit_int4_g32.json")
-    held = load("held_int4_g128.json")
+    fit = load("fit_int4_g128.json.gz", "fit_int4_g32.json.gz")
+    held = load("held_int4_g128.json.gz")
     print("linear fits (fitting sweeps):")
     linear_fits(fit)
     for narrow in (3, 2.5):
