@@ -232,19 +232,26 @@ def test_split_k_limits():
     assert tiles.split_k(10, 132, 7168, 64, 32) == 3
 
 
-@pytest.mark.parametrize("ctas, slots, k, k_tile, tn, want", [
-    (768, 660, 5120, 128, 8, 2),     # Llama-4 Scout gate/up at 8 tokens: 1.16 waves of 5 TN 8 CTAs per SM
-    (990, 660, 5120, 128, 8, 2),     # 1.5 waves: the second still half empty at most
-    (991, 660, 5120, 128, 8, 1),     # beyond 1.5 waves the tail wave is mostly full
-    (660, 660, 5120, 128, 8, 1),     # exactly one wave: no tail
-    (500, 660, 5120, 128, 8, 1),     # less than a wave: split_k's business, not the tail's
-    (768, 660, 4096, 128, 8, 1),     # partials 16 * 8 * 2 / 4096 = 6.25% of the weight bytes > 5%
-    (768, 528, 5120, 128, 16, 1),    # TN 16 at K 5120: 10% partial traffic
-    (768, 528, 10240, 128, 16, 2),   # ... at K 10240: 5%
-    (768, 660, 2048, 128, 8, 1),     # K 2048: 16 K tiles, 8 per half < 12
+@pytest.mark.parametrize("ctas, splits, slots, k, k_tile, tn, want", [
+    # unsplit grids in the band split in two
+    (768, 1, 660, 5120, 128, 8, 2),     # Llama-4 Scout gate/up at 8 tokens: 1.16 waves of 5 TN 8 CTAs per SM
+    (1056, 1, 660, 5120, 128, 8, 2),    # 1.6 waves: the second still 60% empty at most
+    (1057, 1, 660, 5120, 128, 8, 1),    # beyond 1.6 waves the tail wave is mostly full
+    (660, 1, 660, 5120, 128, 8, 1),     # exactly one wave: no tail
+    (500, 1, 660, 5120, 128, 8, 1),     # less than a wave: split_k's business, not the tail's
+    (768, 1, 660, 4096, 128, 8, 1),     # partials 16 * 8 * 2 / 4096 = 6.25% of the weight bytes > 5%
+    (768, 1, 528, 5120, 128, 16, 1),    # TN 16 at K 5120: 10% partial traffic
+    (768, 1, 528, 10240, 128, 16, 2),   # ... at K 10240: 5%
+    (768, 1, 660, 2048, 128, 8, 1),     # K 2048: 16 K tiles, 8 per half < 12
+    # split grids that split_k filled into the band
+    (512, 2, 660, 5120, 128, 8, 1),     # Scout gate/up at 4 tokens: 1.55 waves -> one wave (split 4 keeps 10 K tiles)
+    (240, 3, 660, 16384, 128, 8, 2),    # 8,6144,16384,2 down at 4 tokens: 1.09 waves -> 0.73 (4: 1.45 waves, 8: 6.25%)
+    (336, 2, 660, 16384, 128, 8, 4),    # ... at 6 tokens: 1.02 waves -> 2.04 (4: 3.1% traffic)
+    (120, 5, 660, 8192, 128, 8, 5),     # Scout down at 3 tokens: 0.91 waves, out of the band: kept
+    (224, 3, 660, 7168, 128, 8, 2),     # DeepSeek EP8 gate/up, 8 tokens: 1.02 waves; 4: 1.36, 8: 7 K tiles
 ])
-def test_tail_split(ctas, slots, k, k_tile, tn, want):
-    assert tiles.tail_split(ctas, slots, k, k_tile, tn) == want
+def test_tail_free_split(ctas, splits, slots, k, k_tile, tn, want):
+    assert tiles.tail_free_split(ctas, splits, slots, 4 * 132, k, k_tile, tn) == want
 
 
 def test_warp_cta_slots_and_tail_split():
@@ -266,9 +273,10 @@ def test_warp_cta_slots_and_tail_split():
     assert per_sm == {8: 5, 16: 4, 24: 3, 32: 3, 64: 4}
     up, down = warp.gemm_configs(sch, "bf16", "swiglu", True, "deterministic", warp.TILES[0][1])
     # Scout (16 experts, H 5120, I 8192, top-1) at 8 tokens: ~6.45 experts hit, 128 row blocks x 6 tiles = 768
-    # CTAs on 660 slots -> the gate/up GEMM splits in two; the down GEMM (40 x 6 = 240 CTAs) fills up to 4 per SM
+    # CTAs on 660 slots -> the gate/up GEMM splits in two; the down GEMM (40 x 6 = 240 CTAs) would fill up to 4 per
+    # SM with split 3 (720 CTAs, 1.09 waves: the tail band) and takes 2 (0.73 waves; H200: 44.3 us against 49.6)
     assert warp.num_splits(16384, 5120, up, 8, 16, 132) == 2
-    assert warp.num_splits(5120, 8192, down, 8, 16, 132) == 3
+    assert warp.num_splits(5120, 8192, down, 8, 16, 132) == 2
     # on a 100 KB-per-SM GPU of 132 SMs (2 TN 8 CTAs per SM) the same grid is 2.9 waves: no tail split
     assert warp.num_splits(16384, 5120, up, 8, 16, 132, arch="sm_120a") == 1
     # at 16 tokens (~10 tiles: 1280 CTAs, 1.9 waves) the tail wave is mostly full

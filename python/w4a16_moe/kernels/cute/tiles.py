@@ -112,27 +112,43 @@ def split_k(ctas: int, target_ctas: int, k: int, k_tile: int, tokens_per_tile: i
     return s
 
 
-#: tail split: a grid of more than one and at most this many waves of the kernel's real CTA slots splits K in
-#: two (:func:`tail_split`)
-TAIL_SPLIT_MAX_WAVES = 1.5
-#: ... where the two parts' FP32 partials (``16 * TN * 2 / K`` of the weight bytes) add at most this much traffic
-TAIL_SPLIT_MAX_TRAFFIC = 0.05
+#: the tail band: a grid of more than one and at most this many waves of a kernel's real CTA slots runs a second
+#: wave that is mostly empty; :func:`tail_free_split` moves a split out of it
+TAIL_MAX_WAVES = 1.6
+#: ... to a larger split only where its FP32 partials (``16 * TN * splits / K`` of the weight bytes) add at most this
+#: much traffic (TN 16 at K 5120, 10%, lost 11-20% at split 2: docs/perf/2026-12-03-tail-split; 0.08 or 0.25
+#: here did no better on the held-out rows of docs/perf/2026-12-04-split-tail)
+TAIL_MAX_TRAFFIC = 0.05
+#: the splits :func:`tail_free_split` moves to
+TAIL_SPLITS = (1, 2, 4, 8)
 
 
-def tail_split(ctas: int, slots: int, k: int, k_tile: int, tokens_per_tile: int) -> int:
-    """2 for a launch of ``ctas`` CTAs of which one wave holds ``slots`` (CTAs per SM x SMs) when
-    ``slots < ctas <= TAIL_SPLIT_MAX_WAVES * slots``, each half keeps :data:`SPLIT_MIN_K_TILES` K tiles and the
-    partials' traffic is within :data:`TAIL_SPLIT_MAX_TRAFFIC`; else 1.
+def tail_free_split(ctas: int, splits: int, slots: int, target_ctas: int, k: int, k_tile: int,
+                    tokens_per_tile: int) -> int:
+    """``splits`` (of :func:`split_k`, for a launch of ``ctas`` unsplit CTAs of which one wave holds ``slots``:
+    CTAs per SM x SMs), or, when its grid ``ctas * splits`` falls in the tail band (more than one and at most
+    :data:`TAIL_MAX_WAVES` waves), the split of :data:`TAIL_SPLITS` outside the band that reaches
+    ``target_ctas`` with the fewest parts, else the largest one outside the band below it; a larger split keeps
+    :data:`SPLIT_MIN_K_TILES` K tiles per part and :data:`TAIL_MAX_TRAFFIC`.
 
-    Such a grid runs a second wave less than half full: the SMs that finish the first wave early take the
+    A grid in the band runs a second wave less than 60% full: the SMs that finish the first wave early take the
     tail while the others idle (H200, ncu of Llama-4 Scout's gate/up GEMM at 8 tokens, 768 CTAs on 660 slots:
-    SMs active 68% of the cycles). Two K halves make it 2-3 waves of half-length CTAs. This is the rule of
-    :func:`split_k` seen from the other side: that one fills a grid smaller than its target."""
-    if not slots < ctas <= TAIL_SPLIT_MAX_WAVES * slots:
-        return 1
-    if (k // max(1, k_tile)) / 2 < SPLIT_MIN_K_TILES or 16 * tokens_per_tile * 2 / max(1, k) > TAIL_SPLIT_MAX_TRAFFIC:
-        return 1
-    return 2
+    SMs active 68% of the cycles). An unsplit grid there splits in two (2-3.2 waves of half-length CTAs); a grid
+    that :func:`split_k` filled into it goes back below one wave or on to 2+ waves (Scout's gate/up at 4
+    tokens: 512 CTAs, split 2 = 1.55 waves, 48.3 us; unsplit 39.9 us)."""
+    def in_tail(s: int) -> bool:
+        return slots < ctas * s <= TAIL_MAX_WAVES * slots
+
+    if not in_tail(splits):
+        return splits
+    k_tiles = k // max(1, k_tile)
+    ok = [s for s in TAIL_SPLITS if s <= SPLIT_MAX and not in_tail(s)
+          and (s <= splits or (k_tiles / s >= SPLIT_MIN_K_TILES
+                               and 16 * tokens_per_tile * s / max(1, k) <= TAIL_MAX_TRAFFIC))]
+    if not ok:
+        return splits
+    reach = [s for s in ok if ctas * s >= target_ctas]
+    return min(reach) if reach else max(ok)
 
 
 def _need_top_k(top_k: Optional[int]) -> int:

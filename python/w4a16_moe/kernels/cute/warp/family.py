@@ -156,18 +156,18 @@ def num_splits(n: int, k: int, cfg, num_routes: int, num_experts: int, sm_count:
                top_k: Optional[int] = None, global_experts: Optional[int] = None, arch: Optional[str] = None) -> int:
     """Split-K factor: :func:`..tiles.split_k`, enough CTAs for :data:`SPLIT_CTAS_PER_SM` per SM when the
     grid of row blocks x expected token tiles (:func:`..tiles.expected_tiles`; ``global_experts``, with
-    ``top_k``: the expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits;
-    else :func:`..tiles.tail_split` over the kernel's :func:`cta_slots` on ``arch`` (a grid of 1-1.5 waves
-    splits in two); 1 for GEMMs of less than :data:`SPLIT_MIN_EXPERT_BYTES` per expert."""
+    ``top_k``: the expert-parallel hint) is smaller, within the split's K-tile and partial-traffic limits,
+    then moved out of the tail band by :func:`..tiles.tail_free_split` over the kernel's :func:`cta_slots` on
+    ``arch`` (a grid of 1-1.6 waves: an unsplit one splits in two, a split one goes below one wave or past 1.6
+    waves); 1 for GEMMs of less than :data:`SPLIT_MIN_EXPERT_BYTES` per expert."""
     if n * k // 2 < SPLIT_MIN_EXPERT_BYTES:
         return 1
     tn = cfg.tokens_per_tile
     tiles = tiles_rule.expected_tiles(num_routes, num_experts, tn, top_k, global_experts)
     ctas = (n // cfg.rows_per_cta) * max(1, round(tiles))
-    s = tiles_rule.split_k(ctas, SPLIT_CTAS_PER_SM * sm_count, k, cfg.k_tile, tn)
-    if s == 1:
-        s = tiles_rule.tail_split(ctas, cta_slots(cfg, sm_count, arch), k, cfg.k_tile, tn)
-    return s
+    target = SPLIT_CTAS_PER_SM * sm_count
+    s = tiles_rule.split_k(ctas, target, k, cfg.k_tile, tn)
+    return tiles_rule.tail_free_split(ctas, s, cta_slots(cfg, sm_count, arch), target, k, cfg.k_tile, tn)
 
 
 def max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
