@@ -10,8 +10,8 @@ over E_GLOBAL experts of which the E local ones are ids 0..E-1, one expert-paral
 autotuner (:mod:`w4a16_moe.kernels.cute.autotune`: first call checked against the FP32 reference, then CUDA
 graph replays), every candidate of ``autotune.candidates`` whose kernels the loader has (prebuilt or cached):
 the rule's buckets and the tuned table's tiles of the SM90 family, the warp family's tiles, each with the
-split-K rule and 1, 2, 4, 8 (``--splits``: fewer; the default choice is always timed), and the decode path where
-it applies. It writes every time, not only the
+split-K rule and 1, 2, 4, 8 (``--splits``: fewer, or other counts; the default choice is always timed), and the
+decode path where it applies. It writes every time, not only the
 fastest, with the selection's default choice marked, so a rule or cost model can be fitted and checked
 against all of it. ``--kernels`` adds each choice's kernels apart (route preparation, gate/up GEMM, down GEMM,
 finalize: name and median us of five eager calls under ``torch.profiler``), so each GEMM can be modelled alone. Kernels are never compiled here (``W4A16_MOE_DISABLE_JIT=1`` on the GPU machine).
@@ -82,6 +82,16 @@ def kept(choice, default, splits: set, decode_only: bool, decode_splits=None) ->
     return bool(choice.splits in splits and not decode_only)
 
 
+def with_splits(cands: list, counts) -> list:
+    """``cands`` and, for each grouped tile among them, a choice at each split count of ``counts`` (the counts
+    ``--splits`` asks for that the autotuner does not time: it offers the rule's and ``autotune.SPLITS``)."""
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+
+    tiles = dict.fromkeys((c.family, c.candidate) for c in cands if not c.decode)
+    more = [Choice(f, cand, sp) for f, cand in tiles for sp in counts]
+    return list(cands) + [c for c in more if c not in cands]
+
+
 def _split_set(text: str, flag: str) -> set:
     words = [v.strip() for v in text.split(",") if v.strip()]
     if not words or not all(v == "rule" or (v.isdigit() and int(v) >= 1) for v in words):
@@ -127,7 +137,12 @@ def main(argv=None) -> int:
 
     splits = _split_set(args.splits, "--splits")
     dsplits = None if args.decode_splits is None else _split_set(args.decode_splits, "--decode-splits")
-    from w4a16_moe.kernels.cute.autotune import DECODE_SPLITS, Choice, with_decode_split
+    from w4a16_moe.kernels.cute.autotune import DECODE_SPLITS, SPLITS, Choice, with_decode_split
+
+    extra_splits = sorted(sp for sp in splits if sp not in SPLITS)
+    if dsplits is not None and not dsplits <= set(DECODE_SPLITS):
+        raise SystemExit(f"--decode-splits: the decode choices are timed at {sorted(sp for sp in DECODE_SPLITS if sp)} "
+                         f"and 'rule', got {sorted(sp for sp in dsplits - set(DECODE_SPLITS))}")
     from w4a16_moe.kernels.cute.decode.family import parse_knobs
 
     extra = [kn for kn in args.decode_knobs.split(",") if kn.strip()]
@@ -153,8 +168,8 @@ def main(argv=None) -> int:
             call = MoECall(t, k, h, i, e, dtype, dev, act, args.finalize, 0, weights.scheme.name,
                            global_experts=None if args.no_hint else g)
             default = at._default_choice(call, info)
-            cands = [c for c in at.candidates(call, info, memo=memo)
-                     if kept(c, default, splits, args.decode_only, dsplits)]
+            cands = with_splits(at.candidates(call, info, memo=memo), extra_splits)
+            cands = [c for c in cands if kept(c, default, splits, args.decode_only, dsplits)]
             if extra and call.tokens * call.top_k <= at.DECODE_TUNE_MAX_ROUTES:
                 more = [Choice("decode", with_decode_split(kn, sp)) for kn in extra for sp in DECODE_SPLITS
                         if dsplits is None or sp in dsplits]

@@ -215,6 +215,29 @@ def test_sweep_tiles_decode_only_keeps_the_decode_choices_and_the_default():
     assert [kept(c, dec, everything, True, {1}) for c in (dec, rule)] == [True, False]
 
 
+def test_sweep_tiles_times_the_split_counts_it_is_asked_for():
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from sweep_tiles import with_splits
+
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+
+    dec = Choice("decode", "w8u8/w8u4")
+    warp = [Choice("warp", "t8_k128_s4_w4_m2", sp) for sp in (None, 1, 2)]
+    sm90 = Choice("sm90", "t16_x2_k128_s4_w1_serial", 4)
+    out = with_splits([dec, *warp, sm90], [3, 5])
+    assert out[:5] == [dec, *warp, sm90]  # the autotuner's choices first, unchanged
+    assert out[5:] == [Choice("warp", "t8_k128_s4_w4_m2", 3), Choice("warp", "t8_k128_s4_w4_m2", 5),
+                       Choice("sm90", "t16_x2_k128_s4_w1_serial", 3), Choice("sm90", "t16_x2_k128_s4_w1_serial", 5)]
+    assert with_splits([dec, *warp], []) == [dec, *warp]
+    assert with_splits([dec, *warp], [2]) == [dec, *warp]  # already there
+
+
+def test_sweep_tiles_refuses_decode_splits_it_cannot_time():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep_tiles.py"), "--layers", "8,4096,14336,2",
+                        "--decode-splits", "rule,3"], capture_output=True, text=True)
+    assert r.returncode != 0 and "--decode-splits" in r.stderr and "[3]" in r.stderr
+
+
 def test_sweep_tiles_documents_its_flags():
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "sweep_tiles.py"), "--help"],
                        capture_output=True, text=True)
