@@ -3,13 +3,14 @@
     python docs/perf/2026-12-04-decode-issue/evaluate.py
 
 1. The deterministic finalize alone (``scripts/time_finalize.py``): the shipped CuTe kernel, two rewrites, Triton.
-2. The shared-memory ring of load batches (``ring_sweep.json``): the best ring knob set of each row / the default.
-3. FP32 group scales, the magic-sum rewrite against the shipped code (``magic_sum_ab_*.json``, same rows).
-4. The FP32-scale knob sets against each regime's 16-bit-scale set, per scheme (``defaults_*.json``)."""
+2. The shared-memory ring of load batches (``ring_sweep.json.gz``): the best ring knob set of each row / the default.
+3. FP32 group scales, the magic-sum rewrite against the shipped code (``magic_sum_ab_*.json.gz``, same rows).
+4. The FP32-scale knob sets against each regime's 16-bit-scale set, per scheme (``defaults_*.json.gz``)."""
 
 from __future__ import annotations
 
 import glob
+import gzip
 import json
 import math
 import os
@@ -24,8 +25,13 @@ def geo(v):
     return math.exp(sum(map(math.log, v)) / len(v))
 
 
+def _open(path):
+    return gzip.open(path, "rt") if path.endswith(".gz") else open(path)
+
+
 def load(name):
-    return json.load(open(os.path.join(HERE, name)))
+    with _open(os.path.join(HERE, name)) as f:
+        return json.load(f)
 
 
 def finalize():
@@ -41,7 +47,7 @@ def finalize():
 
 def ring():
     ratios = []
-    for r in load("ring_sweep.json")["rows"]:
+    for r in load("ring_sweep.json.gz")["rows"]:
         res = {x["choice"]: x["us"] for x in r["results"] if x.get("us")}
         ring_us = [v for k, v in res.items() if k.startswith("decode ") and "r" in k.split(" ", 1)[1].replace("default", "")]
         if r["default"] in res and ring_us:
@@ -53,7 +59,7 @@ def ring():
 def _medians(pattern):
     out = {}
     for f in glob.glob(os.path.join(HERE, pattern)):
-        for r in json.load(open(f))["rows"]:
+        for r in load(f)["rows"]:
             for x in r["results"]:
                 if x.get("us"):
                     out.setdefault((r["layer"], r["tokens"], x["choice"]), []).append(x["us"])
@@ -61,7 +67,7 @@ def _medians(pattern):
 
 
 def magic_sum():
-    new, old = _medians("magic_sum_ab_new_*.json"), _medians("magic_sum_ab_old_*.json")
+    new, old = _medians("magic_sum_ab_new_*.json.gz"), _medians("magic_sum_ab_old_*.json.gz")
     print("\n| FP32-scale knob set | rows | magic-sum / shipped, geometric mean | range |")
     print("|---|---:|---:|---|")
     for s in sorted({k[2] for k in new if "x" in k[2].split(" ", 1)[1]}):
@@ -72,10 +78,10 @@ def magic_sum():
 def defaults():
     print("\n| scheme, dtype | FP32-scale set | replaces | rows | time / replaced set, geometric mean | range |")
     print("|---|---|---|---:|---:|---|")
-    for f in sorted(glob.glob(os.path.join(HERE, "defaults_*.json"))):
-        tag = os.path.basename(f)[len("defaults_"):-len(".json")].rsplit("_", 1)
+    for f in sorted(glob.glob(os.path.join(HERE, "defaults_*.json.gz"))):
+        tag = os.path.basename(f)[len("defaults_"):-len(".json.gz")].rsplit("_", 1)
         by = {}
-        for r in json.load(open(f))["rows"]:
+        for r in load(f)["rows"]:
             res = {x["choice"]: x["us"] for x in r["results"] if x.get("us")}
             for new, old in SETS.items():
                 a, b = res.get("decode " + new), res.get("decode " + old)
