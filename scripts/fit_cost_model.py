@@ -10,7 +10,9 @@ minimise the relative squared error are kept (a coefficient that would come out 
 must not go below zero on layers outside the sweep). A choice needs observations on at least
 ``--min-rows`` rows; rows outside the layers the family lets the model choose it for
 (``sm90.family.in_model_domain``: the ping-pong down GEMMs only where their activation tile stays resident) are
-not used.
+not used. Sweeps after ``--extend`` add choices: their rows fit only the choices no main sweep measured, so
+the entries fitted on the main sweeps stay as they are (new tile shapes timed beside the defaults extend the
+model without re-fitting it on another day's clocks).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ def _fit(obs: list, rows: int, tn: int, stream) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweeps", nargs="+")
+    ap.add_argument("--extend", nargs="+", default=[], help="sweeps whose rows fit only choices the main sweeps "
+                    "do not measure")
     ap.add_argument("--out", required=True)
     ap.add_argument("--min-rows", type=int, default=8)
     ap.add_argument("--revision", default="unknown")
@@ -82,7 +86,10 @@ def main(argv=None) -> int:
 
     obs: dict = {}
     devices = set()
-    for path in args.sweeps:
+    main = None
+    for path in [*args.sweeps, *args.extend]:
+        if path == (args.extend or [None])[0]:
+            main = set(obs)  # the choices the main sweeps fit: extension rows leave them alone
         with open(path) as f:
             data = json.load(f)
         devices.add((data["device"], data["sm_count"]))
@@ -96,6 +103,8 @@ def main(argv=None) -> int:
                 if not in_model_domain(x["family"], x["tiles"], i):  # outside the domain the family lets the model choose it
                     continue
                 name = f"{x['family']} {candidate_name(x['tiles'])}"
+                if main is not None and name in main:
+                    continue
                 tn = x["tiles"]["tokens_per_tile"]
                 tiles = expected_tiles(t * k, e, tn, k, g if g > e else None)
                 ent = obs.setdefault(name, dict(family=x["family"], tiles=x["tiles"], up=[], down=[]))
@@ -114,7 +123,7 @@ def main(argv=None) -> int:
                              down=_fit(ent["down"], r_down, tn, s_down))
         print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
     out = dict(format=1, device=device, sm_count=sms, revision=args.revision, date=args.date,
-               sources=list(args.sweeps), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),
+               sources=list(args.sweeps), extended_by=list(args.extend), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),
                entries=entries)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

@@ -26,12 +26,16 @@ PERF = os.path.join("docs", "perf")
 #: the sweeps the shipped model is fitted on (paths relative to the checkout, as the model's "sources" name them)
 FIT = [os.path.join(PERF, "2026-12-01-row-streaming", f)
        for f in ("sweep_int4_g128.json", "sweep_short_k_a.json", "sweep_short_k_b.json", "sweep_short_k_c.json")]
+#: sweeps that extend the fit with choices the FIT sweeps never timed (TN 96 / 112 with four widths, timed beside
+#: the defaults on 10 layers at 16-4096 tokens); they leave the FIT sweeps' entries as they are
+EXTEND = [os.path.join(PERF, "2026-12-04-wide-tiles", "explore_wide.json")]
 #: sweeps the model never saw: at the fit's kernels, at f09b27b's and at two earlier revisions (their kernels'
 #: down GEMMs loaded route ids in the store loop, docs/perf/2026-12-01-epilogue-t24)
 HELD = [os.path.join(ROOT, PERF, "2026-12-01-row-streaming", "heldout_int4_g128.json"),
         os.path.join(ROOT, PERF, "2026-12-01-epilogue-t24", "heldout_int4_g128.json"),
         os.path.join(ROOT, PERF, "2026-12-01-cost-model", "heldout_int4_g128.json"),
-        os.path.join(ROOT, PERF, "2026-12-01-selection", "sweep.json")]
+        os.path.join(ROOT, PERF, "2026-12-01-selection", "sweep.json"),
+        os.path.join(ROOT, PERF, "2026-12-04-wide-tiles", "heldout_wide.json")]
 
 
 def _rows(path):
@@ -124,17 +128,22 @@ def _choice_time(times, family, tiles_):
 
 @pytest.mark.parametrize("path", HELD, ids=[os.path.relpath(p, os.path.join(ROOT, PERF)) for p in HELD])
 def test_the_model_is_close_to_the_fastest_choice_on_held_out_layers(path):
-    ratios = []
+    ratios, rows = [], 0
     for e, h, i, k, t, g, times in _rows(path):
+        rows += 1
         f, tl, _ = fam.rule_choice(t * k, e, k, g if g > e else None, "int4_g128", h, i, True, 132)
         got = _choice_time(times, f, tl)
         if got is None:  # a tile that sweep did not time (the model tiles were not prebuilt then)
             continue
         ratios.append(got / min(times.values()))
-    assert len(ratios) >= 25  # rows whose choice that sweep did not time are left out (3 of the first sweep's 30)
+    # rows whose choice that sweep did not time are left out: tiles that were not prebuilt then (the ping-pong model
+    # tiles; TN 96 / 112 with four widths, which the last sweep times beside the others): 31 / 31 / 30 / 22 / 57 of
+    # 32 / 32 / 40 / 30 / 57 rows are left
+    assert len(ratios) >= 0.7 * rows and len(ratios) >= 20, (len(ratios), rows)
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-    # measured: 1.004 / 1.005 / 1.005 / 1.009 (the fit's kernels, 32 rows; f09b27b's kernels, 32; the cost-model
-    # study's 36; the first sweep's 27); worst 1.06 / 1.11 / 1.10 / 1.14
+    # measured: 1.004 / 1.005 / 1.003 / 1.007 / 1.003 (the fit's kernels; f09b27b's kernels; the cost-model study;
+    # the first sweep; 19 layers at 1024-4096 tokens beside TN 96 / 112 with widths); worst 1.06 / 1.11 / 1.04 /
+    # 1.14 / 1.04
     assert geo <= 1.02 and max(ratios) <= 1.16, (geo, max(ratios))
 
 
@@ -148,7 +157,7 @@ def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path, monkeypatch):
     out = tmp_path / "model.json"
     env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
     subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fit_cost_model.py"),
-                    *FIT, "--out", str(out)],
+                    *FIT, "--extend", *EXTEND, "--out", str(out)],
                    check=True, cwd=ROOT, env=env, capture_output=True)
     refit = json.load(open(out))
     got, shipped = refit["entries"], cost_model.model()["entries"]

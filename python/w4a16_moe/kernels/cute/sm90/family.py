@@ -198,6 +198,8 @@ EXTRA_TILES = (
      "pdl": True, "mma_kblocks": 4},
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
      "down_mma_kblocks": 4},
+    {**_W2_K64(96), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},  # MODEL_TILES (docs/perf/2026-12-04-wide-tiles)
+    {**_W2_K64(112), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
 )
 #: the rule's tiles before its re-fit (candidates 0-4; the new rule's tiles are candidates among these and
 #: :data:`EXTRA_TILES`, so candidate indices, which the tuner's ``--buckets`` and docs/perf use, stay stable)
@@ -422,12 +424,16 @@ def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
 #: tile shapes beyond :data:`TILES` the cost model may choose for INT4 calls (in :func:`selectable_tiles`, so the
 #: full AOT set has them for every INT4 scheme): gate/up TN 32 / 56 with the ping-pong down GEMM of 28 row
 #: blocks per CTA, which streams a short K (I <= 512: TP-sharded experts) at 1.1-1.35 x the speed of the rule's
-#: down tiles from 1024 tokens on (docs/perf/2026-12-01-cost-model)
+#: down tiles from 1024 tokens on (docs/perf/2026-12-01-cost-model); TN 96 / 112 with four token widths, for
+#: 90-130 routes per expert (0.74-0.98 x the time of the TN 80 / 96 tiles where the model picks them on 19
+#: held-out layers, docs/perf/2026-12-04-wide-tiles)
 MODEL_TILES = (
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
      "down_mma_kblocks": 4},
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
+    {**_W2_K64(96), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    {**_W2_K64(112), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
 )
 assert all(t in CANDIDATES for t in MODEL_TILES), "every model tile must be a candidate"
 
