@@ -106,6 +106,23 @@ def test_activations(activation, dtype):
     _run(w, 3, 4, dtype=dtype, activation=activation)
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "geglu"])
+@pytest.mark.parametrize("scheme", ["int4_g32", "int4_g128", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_wide_regime_knob_set(scheme, dtype, activation):
+    """The wide regime's default set (``WIDE_KNOBS``: 16 warps, persistent over 132 CTAs; the FP32-scale variant where
+    the scheme takes FP32 scales), which calls with few routes on many gate/up tiles get: its NVFP4 gate/up kernels
+    use a little local memory (accepted: faster than unroll 2, docs/perf/2026-12-04-local-memory)."""
+    from w4a16_moe.formats.schemes import get_scheme
+
+    wide = dec.default_knob_sets(dec.takes_fp32_scales(get_scheme(scheme)))[1]
+    assert wide.startswith("w16u") and "c132" in wide
+    w = _weights(scheme, h=1024, i=512, activation=activation, dtype=dtype, seed=7)
+    with overrides.forced_decode(dec.parse_knobs(wide)):
+        _run(w, 2, 4, dtype=dtype, activation=activation)
+        _run(w, 3, 4, dtype=dtype, activation=activation, offset=8, num_global=24, seed=4)
+
+
 @pytest.mark.parametrize("t", [1, 2, 7, 8, 9, 33, 200])
 def test_token_counts(t, grid):
     w = _weights("int4_g128", seed=3)
