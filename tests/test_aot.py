@@ -91,6 +91,15 @@ def test_family_modules_absent_or_broken(tmp_path, monkeypatch):
         aot.load_families(["half_family"])
     with pytest.raises(aot.AotError, match="bad_import_family failed to import"):
         aot.load_families(["bad_import_family"])
+    # a family module's local-memory budget (SASS_LOCAL_BUDGET): checked, in the manifest's JSON form
+    rule = {"archs": ("sm_90a",), "params": {"k_tile": 128}, "LDL": 1, "STL": 0, "why": "measured faster"}
+    head = "FAMILY = 'b'\nARCHS = ('sm_90a',)\naot_variants = lambda subset: []\n"
+    (tmp_path / "budget_family.py").write_text(head + f"SASS_LOCAL_BUDGET = ({rule!r},)\n")
+    (tmp_path / "bad_budget_family.py").write_text(head + f"SASS_LOCAL_BUDGET = ({dict(rule, LDL=-1)!r},)\n")
+    (fam,), _ = aot.load_families(["budget_family"])
+    assert fam.sass_local_budget == (dict(rule, archs=["sm_90a"]),) and fam.sass_allow_local == ()
+    with pytest.raises(aot.AotError, match="bad_budget_family: local-memory budget rule 0: LDL must be"):
+        aot.load_families(["bad_budget_family"])
 
 
 def test_specs_file_builds_exactly_the_listed_specs(tmp_path):
@@ -129,6 +138,21 @@ def test_manifest_extra_describes_empty_archs():
     assert extra["archs"]["sm_120a"]["kernels"] == 0 and "builds only sm_90a" in extra["archs"]["sm_120a"]["reason"]
     assert extra["families"]["sm90_w4a16_gemm"]["sass_expect"] == ["HGMMA"]
     assert len(extra["families"]["sm90_w4a16_gemm"]["source_hash"]) == 16
+
+
+def test_manifest_records_local_budgets():
+    """The families table carries each family's local-memory budget rules (what an installed wheel's SASS check
+    reads), the registry's, in JSON form."""
+    from w4a16_moe.loader import sass
+
+    plans, fams, absent = aot.plan_archs(["sm_90a"], "smoke")
+    extra = json.loads(json.dumps(aot.manifest_extra(plans, fams, absent, "smoke", "g++")))
+    budgets = sass.default_local_budget()
+    assert {f: v["sass_local_budget"] for f, v in extra["families"].items()} == {f: list(budgets[f]) for f in
+                                                                                  extra["families"]}
+    assert [(r["LDL"], r["STL"]) for r in extra["families"]["sm90_w4a16_gemm"]["sass_local_budget"]] == [(2, 1)]
+    assert [(r["LDL"], r["STL"]) for r in extra["families"]["w4a16_decode_gemv"]["sass_local_budget"]] == [(5, 2)]
+    assert extra["families"]["warp_w4a16_gemm"]["sass_local_budget"] == []
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -201,8 +225,10 @@ def test_smoke_build_sass(smoke_build):
     for k in by_fam.get("warp_w4a16_gemm", []):
         assert k["opcodes"].get("HMMA") and not k["opcodes"].get("HGMMA"), k["name"]
     assert len(rep["kernels"]) == len(json.loads((out / "manifest.json").read_text())["kernels"])
-    # no local memory (LDL/STL), except on archs where a family declares it acceptable (then a warning)
+    # no local memory (LDL/STL), except within a kernel's declared budget or on archs where a family accepts it
+    # (then a warning); the manifest records the budgets
     assert rep["ok"], rep["problems"][:10]
-    allowed = {(f, a) for f, v in json.loads((out / "manifest.json").read_text())["families"].items()
-               for a in v["sass_allow_local"]}
-    assert all((k["family"], k["arch"]) in allowed for k in rep["kernels"] if k["warnings"])
+    fams = json.loads((out / "manifest.json").read_text())["families"]
+    allowed = {(f, a) for f, v in fams.items() for a in v["sass_allow_local"]}
+    assert all((k["family"], k["arch"]) in allowed or k["local_budget"] for k in rep["kernels"] if k["warnings"])
+    assert fams["sm90_w4a16_gemm"]["sass_local_budget"] == list(sass.default_local_budget()["sm90_w4a16_gemm"])

@@ -264,6 +264,7 @@ def test_installed_wheel(wheel_python, tmp_path):
     assert man["package_version"] == res["version"] and man["dsl_version"] == "4.8.1" and man["linker"] == "cmake"
     assert man["subset"] == "smoke" and man["archs"]["sm_90a"]["kernels"] > 0
     assert man["families"]["sm90_w4a16_gemm"]["sass_expect"] == ["HGMMA"]
+    assert man["families"]["sm90_w4a16_gemm"]["sass_local_budget"]  # the SASS check's rules travel in the wheel
     assert res["sha_ok"] and "sm_90a/kernels.so" in res["libraries"]
     assert res["op"][0] and res["op"][2] and "installed package" in res["op"][1], res["op"]
     for key, (hit, miss) in res["decisions"].items():
@@ -295,7 +296,13 @@ def test_installed_wheel_sass(wheel_python, tmp_path):
                        text=True, cwd=tmp_path, env=_clean_env(), timeout=900)
     assert r.returncode in (0, 1), r.stderr[-3000:]
     rep = json.loads(r.stdout)
-    assert rep["ok"], rep["problems"][:10]  # local memory only where the family declares it (then a warning)
+    # local memory only within a kernel's declared budget (the manifest's sass_local_budget; a full wheel has 12
+    # such kernels for sm_90a, docs/perf/2026-12-04-local-memory) or where a family accepts it on an arch
+    # (sass_allow_local); then a warning
+    assert rep["ok"], rep["problems"][:10]
+    man = json.loads((pb / "manifest.json").read_text())
+    allowed = {(f, a) for f, v in man["families"].items() for a in v["sass_allow_local"]}
+    assert all(k["local_budget"] or (k["family"], k["arch"]) in allowed for k in rep["kernels"] if k["warnings"])
     fams = {(k["arch"], k["family"]) for k in rep["kernels"]}
     assert ("sm_90a", "sm90_w4a16_gemm") in fams
     from w4a16_moe.kernels.cute import registry

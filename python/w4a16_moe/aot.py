@@ -4,15 +4,19 @@ Enumerates the declared kernel variants (the same specs the JIT compiles on firs
 family that supports each requested arch, cross-compiles them (no GPU needed) in a pool of ``-j``
 processes with a progress display, links one self-contained shared library per arch
 (``DIR/<arch>/kernels.so`` + ``meta.json``) and writes ``DIR/manifest.json`` (spec names, archs, package
-version, DSL version, source hashes, the families and the SASS each must show). Point
-``W4A16_MOE_PREBUILT_DIR`` at DIR, or build the wheel (``W4A16_MOE_AOT_ARCHS``, see ``CMakeLists.txt``).
+version, DSL version, source hashes, the families, the SASS each must show and the local memory each
+accepts). Point ``W4A16_MOE_PREBUILT_DIR`` at DIR, or build the wheel (``W4A16_MOE_AOT_ARCHS``, see
+``CMakeLists.txt``).
 
 Families: the family registry (:mod:`w4a16_moe.kernels.cute.registry`, :data:`FAMILY_MODULES`); each
-family's ``DESCRIPTOR`` gives its spec family, archs, ``aot_variants(subset)``, the SASS its kernels must show
-and the archs on which local memory is only a warning. ``--families`` may name other modules, which declare
+family's ``DESCRIPTOR`` gives its spec family, archs, ``aot_variants(subset)``, the SASS its kernels must show,
+the archs on which local memory is only a warning and its per-kernel local-memory budgets
+(:func:`w4a16_moe.loader.sass.budget_rules`); the manifest's ``families`` table records these rules, so the
+SASS check of a built directory needs only the manifest. ``--families`` may name other modules, which declare
 ``FAMILY``, ``ARCHS``, ``aot_variants`` and optionally ``SASS_EXPECT`` / ``SASS_ALLOW_LOCAL`` (archs, or True)
-as module attributes. A family module that is not in this version is reported and skipped; an arch no
-family supports gets no library, and the build says so (``--archs`` with no kernels at all is an error).
+/ ``SASS_LOCAL_BUDGET`` as module attributes. A family module that is not in this version is reported and
+skipped; an arch no family supports gets no library, and the build says so (``--archs`` with no kernels at all
+is an error).
 
 Subsets: ``full`` = every variant the providers can select; ``smoke`` = a small subset per family
 (SM90: int4_g32 / int4_g128, BF16, SwiGLU, both finalize modes, all tile buckets).
@@ -64,6 +68,7 @@ class AotFamily:
     variants: Callable[[str], list]  # subset -> [KernelSpec]
     sass_expect: Optional[tuple]  # instructions every kernel must contain (loader/sass.py); None = undeclared
     sass_allow_local: tuple = ()  # archs on which the family accepts local memory (LDL/STL): warnings, not errors
+    sass_local_budget: tuple = ()  # per-kernel local-memory budget rules (loader/sass.py: budget_rules)
 
 
 @dataclass
@@ -82,7 +87,10 @@ class ArchPlan:
 
 def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
     """``([AotFamily], {module: why absent})``. A module that does not exist is absent; one that exists but
-    fails to import or lacks ``FAMILY`` / ``ARCHS`` / ``aot_variants`` raises :class:`AotError`."""
+    fails to import, lacks ``FAMILY`` / ``ARCHS`` / ``aot_variants`` or declares a malformed local-memory budget
+    raises :class:`AotError`."""
+    from .loader.sass import budget_rules
+
     fams, absent = [], {}
     for mod_name in modules:
         try:
@@ -97,17 +105,22 @@ def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
         d = getattr(mod, "DESCRIPTOR", None)
         if d is not None:  # a registered family
             attrs = {"FAMILY": d.spec_family, "ARCHS": d.archs, "aot_variants": d.aot_variants,
-                     "SASS_EXPECT": d.sass_expect, "SASS_ALLOW_LOCAL": d.sass_allow_local}
+                     "SASS_EXPECT": d.sass_expect, "SASS_ALLOW_LOCAL": d.sass_allow_local,
+                     "SASS_LOCAL_BUDGET": d.sass_local_budget}
         else:
             attrs = {a: getattr(mod, a, None) for a in ("FAMILY", "ARCHS", "aot_variants", "SASS_EXPECT",
-                                                        "SASS_ALLOW_LOCAL")}
+                                                        "SASS_ALLOW_LOCAL", "SASS_LOCAL_BUDGET")}
         lacking = [a for a in ("FAMILY", "ARCHS", "aot_variants") if attrs[a] is None]
         if lacking:
             raise AotError(f"kernel family module {mod_name} must define {', '.join(lacking)} for the AOT build")
         exp, allow = attrs["SASS_EXPECT"], attrs["SASS_ALLOW_LOCAL"] or ()
         allow = tuple(attrs["ARCHS"]) if allow is True else tuple(allow)
+        try:
+            budget = budget_rules(attrs["SASS_LOCAL_BUDGET"])
+        except ValueError as e:
+            raise AotError(f"kernel family module {mod_name}: {e}") from e
         fams.append(AotFamily(attrs["FAMILY"], mod_name, tuple(attrs["ARCHS"]), attrs["aot_variants"],
-                              tuple(exp) if exp is not None else None, allow))
+                              tuple(exp) if exp is not None else None, allow, budget))
     return fams, absent
 
 
@@ -217,7 +230,7 @@ def manifest_extra(plans: Sequence[ArchPlan], fams: Sequence[AotFamily], absent:
             src = f"unavailable ({e})"
         fam_info[f.name] = {"module": f.module, "archs": list(f.archs), "sass_expect": list(f.sass_expect)
                             if f.sass_expect is not None else None, "sass_allow_local": list(f.sass_allow_local),
-                            "source_hash": src}
+                            "sass_local_budget": list(f.sass_local_budget), "source_hash": src}
     return {
         "subset": subset,
         "linker": linker,

@@ -15,7 +15,8 @@ Directory (``$W4A16_MOE_PREBUILT_DIR`` overrides it)::
                     "library": "sm_90a/kernels.so", "source_hash": "..."}],
      # written by the AOT build (w4a16_moe.aot.manifest_extra), optional for the loader:
      "subset": "smoke", "linker": "cmake" | "g++",
-     "families": {"<family>": {"module", "archs", "sass_expect", "source_hash"}},
+     "families": {"<family>": {"module", "archs", "sass_expect", "sass_allow_local", "sass_local_budget",
+                               "source_hash"}},   # the SASS check's rules (loader/sass.py)
      "absent_family_modules": {"<module>": "why"},
      "archs": {"sm_90a": {"kernels": 30, "families": {...}}, "sm_100a": {"kernels": 0, "reason": "..."}}}
 

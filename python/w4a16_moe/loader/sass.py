@@ -10,9 +10,14 @@ back to its kernel.
 
 * the instructions its family must use (``sass_expect``): ``HGMMA`` for the SM90 WGMMA family,
   ``HMMA`` for warp-MMA families (from the manifest's ``families`` table, else the family registry: :func:`default_expect`);
-* no local-memory traffic (``LDL`` / ``STL``: register spills or stack arrays), except where the family
-  declares it acceptable for an arch (manifest ``families[f].sass_allow_local``) or ``--allow-local`` names
-  the family: then it is a warning;
+* no local-memory traffic (``LDL`` / ``STL``: register spills or stack arrays), except:
+  - up to the kernel's local-memory budget, if it has one: a warning (one instruction more: a problem). A family
+    declares its budgets as rules (``sass_local_budget``: archs, exact kernel params, the most ``LDL`` and
+    ``STL`` instructions per kernel, why); a kernel's budget is the first rule for its arch whose params all
+    equal the kernel's (:func:`find_budget`). The rules: the manifest's ``families[f].sass_local_budget``,
+    else (exported objects, a manifest written before budgets) the family registry (:func:`default_local_budget`);
+  - any amount where the family accepts local memory on an arch (manifest ``families[f].sass_allow_local``) or
+    ``--allow-local`` names the family: a warning;
 * every kernel has its cubin and every cubin belongs to a kernel.
 
 ``DIR`` is a prebuilt directory (``manifest.json`` + ``<arch>/meta.json`` + libraries, e.g. an installed
@@ -43,19 +48,29 @@ from typing import Optional, Sequence
 from .. import settings
 
 __all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disassemble", "opcode_counts", "check_opcodes",
-           "local_memory", "check_dir", "main"]
+           "local_memory", "check_local", "budget_rules", "find_budget", "default_local_budget", "check_dir", "main"]
 
 EM_CUDA = 190
+#: local-memory instructions: no kernel may contain them beyond its budget
+FORBIDDEN = ("LDL", "STL")
+#: opcodes reported in summaries
+REPORTED = ("HGMMA", "HMMA", "UTCHMMA", "UTCQMMA", "LDL", "STL")
+
+
 def default_expect() -> dict:
     """Instructions a kernel of a family must contain when the manifest does not say (the registered CuTe
     families' ``sass_expect``; families not listed: only the local-memory check)."""
     from ..kernels.cute import registry
 
     return {"selftest_axpy": (), **{f.spec_family: tuple(f.sass_expect) for f in registry.families()}}
-#: local-memory instructions no kernel may contain
-FORBIDDEN = ("LDL", "STL")
-#: opcodes reported in summaries
-REPORTED = ("HGMMA", "HMMA", "UTCHMMA", "UTCQMMA", "LDL", "STL")
+
+
+def default_local_budget() -> dict:
+    """Local-memory budget rules per family when the manifest does not say (the registered CuTe families'
+    ``sass_local_budget``, :func:`budget_rules`; families not listed: none)."""
+    from ..kernels.cute import registry
+
+    return {f.spec_family: budget_rules(f.sass_local_budget) for f in registry.families()}
 
 
 class SassToolError(RuntimeError):
@@ -172,21 +187,79 @@ def local_memory(ops: Counter) -> list:
     return [f"{ops[x]} {x} instruction(s): local memory (spills or stack arrays)" for x in FORBIDDEN if ops.get(x)]
 
 
-def check_opcodes(ops: Counter, expect: Optional[Sequence[str]], allow_local: bool = False) -> list:
-    """Problems of one kernel: a missing expected instruction; local-memory instructions (unless
-    ``allow_local``: then :func:`local_memory` reports them as warnings)."""
+def budget_rules(rules) -> tuple:
+    """A family's local-memory budget (``sass_local_budget``, or its copy in the manifest) checked, in JSON form:
+    one dict per rule with ``archs`` (list), ``params`` (kernel params the rule applies to: exact values),
+    ``LDL`` and ``STL`` (the most instructions of each one kernel may have, >= 0) and ``why`` (one line);
+    ValueError naming the rule and what is wrong."""
+    out = []
+    for i, r in enumerate(rules or ()):
+        what = f"local-memory budget rule {i}"
+        if not isinstance(r, dict) or set(r) != {"archs", "params", "LDL", "STL", "why"}:
+            raise ValueError(f"{what}: expected a dict with exactly archs, params, LDL, STL, why; got {r!r}")
+        if isinstance(r["archs"], str) or not r["archs"] or not all(isinstance(a, str) for a in r["archs"]):
+            raise ValueError(f"{what}: archs must be a non-empty list of arch names, got {r['archs']!r}")
+        if not isinstance(r["params"], dict) or not r["params"]:
+            raise ValueError(f"{what}: params must be a non-empty dict of kernel params, got {r['params']!r}")
+        for x in FORBIDDEN:
+            if not isinstance(r[x], int) or isinstance(r[x], bool) or r[x] < 0:
+                raise ValueError(f"{what}: {x} must be an instruction count >= 0, got {r[x]!r}")
+        if not isinstance(r["why"], str) or not r["why"].strip():
+            raise ValueError(f"{what}: why must say why the local memory is accepted")
+        out.append({"archs": list(r["archs"]), "params": dict(r["params"]), "LDL": r["LDL"], "STL": r["STL"],
+                    "why": r["why"]})
+    return tuple(out)
+
+
+def _same(a, b) -> bool:
+    return a == b and isinstance(a, bool) == isinstance(b, bool)  # True is not the pingpong count 1
+
+
+def find_budget(rules: Sequence[dict], arch: str, params: dict) -> Optional[dict]:
+    """The first rule of ``rules`` (:func:`budget_rules`) for ``arch`` whose ``params`` all equal the
+    kernel's ``params`` (None: the kernel has no local-memory budget)."""
+    for r in rules:
+        if arch in r["archs"] and all(k in params and _same(params[k], v) for k, v in r["params"].items()):
+            return r
+    return None
+
+
+def check_local(ops: Counter, allow_local: bool = False, budget: Optional[dict] = None) -> tuple:
+    """``(problems, warnings)`` of one kernel's local memory (:func:`local_memory`): none without it; with it,
+    warnings when ``allow_local`` (any amount) or when every count is within ``budget`` (the kernel's rule,
+    :func:`find_budget`), else problems (beyond the budget: each count over it, with its bound)."""
+    lines = local_memory(ops)
+    if not lines:
+        return [], []
+    if allow_local:
+        return [], [f"{x}, accepted for this family and arch" for x in lines]
+    if budget is None:
+        return lines, []
+    bound = f"LDL <= {budget['LDL']}, STL <= {budget['STL']}"
+    over = [x for x in FORBIDDEN if ops.get(x, 0) > budget[x]]
+    if over:
+        return [f"{ops[x]} {x} instruction(s): local memory over the kernel's budget ({bound})" for x in over], []
+    used = ", ".join(f"{ops.get(x, 0)} {x}" for x in FORBIDDEN)
+    return [], [f"{used}: local memory within the kernel's budget ({bound}: {budget['why']})"]
+
+
+def check_opcodes(ops: Counter, expect: Optional[Sequence[str]], allow_local: bool = False,
+                  budget: Optional[dict] = None) -> list:
+    """Problems of one kernel: a missing expected instruction; local-memory instructions, unless
+    ``allow_local`` or within ``budget`` (then :func:`check_local` reports them as warnings)."""
     probs = [f"no {x} instruction (its family must use {x})" for x in (expect or ()) if not ops.get(x)]
-    return probs if allow_local else probs + local_memory(ops)
+    return probs + check_local(ops, allow_local, budget)[0]
 
 
 # ------------------------------------------------------------------------------------------------------
 # directory checks
 # ------------------------------------------------------------------------------------------------------
 def _kernel_sets(d: Path) -> tuple:
-    """``(groups, expectations, allowed)``: groups = [(file holding the cubins, arch, [kernel record with
-    'cubins'])], allowed = {(family, arch)} whose local memory is accepted."""
+    """``(groups, expectations, allowed, budgets)``: groups = [(file holding the cubins, arch, [kernel record
+    with 'params' and 'cubins'])], allowed = {(family, arch)} whose local memory is accepted, budgets =
+    {family: budget rules}."""
     manifest = d / "manifest.json"
-    expect = default_expect()
+    expect, budgets = default_expect(), default_local_budget()
     groups, allowed = [], set()
     if manifest.is_file():
         m = json.loads(manifest.read_text())
@@ -194,26 +267,29 @@ def _kernel_sets(d: Path) -> tuple:
             if info.get("sass_expect") is not None:
                 expect[fam] = tuple(info["sass_expect"])
             allowed.update((fam, a) for a in info.get("sass_allow_local") or ())
+            if "sass_local_budget" in info:  # else (a manifest written before the budgets) the registry's
+                budgets[fam] = budget_rules(info["sass_local_budget"])
         for lib in m.get("libraries", []):
             meta = json.loads((d / lib["meta"]).read_text())
             groups.append((d / lib["file"], meta["arch"], meta["kernels"]))
-        return groups, expect, allowed
+        return groups, expect, allowed, budgets
     sides = sorted(p for p in d.rglob("*.json") if p.with_suffix(".o").is_file())
     if not sides:
         raise FileNotFoundError(f"{d}: neither a prebuilt directory (manifest.json) nor exported objects (<name>.o + .json)")
     for side in sides:
         rec = json.loads(side.read_text())
         groups.append((side.with_suffix(".o"), rec["arch"], [{**rec["spec"], "cubins": rec.get("cubins", [])}]))
-    return groups, expect, allowed
+    return groups, expect, allowed, budgets
 
 
 def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[str] = ()) -> dict:
     """Check every kernel under ``directory`` (see the module docstring). Returns
-    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "expect", "problems"}],
-    "problems", "warnings"}``. Families in ``allow_local`` may use local memory (reported as warnings)."""
+    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "expect", "local_budget",
+    "problems", "warnings"}], "problems", "warnings"}`` (``local_budget``: the kernel's budget rule, or None).
+    Families in ``allow_local`` may use local memory (reported as warnings)."""
     d = Path(directory)
     tool = find_nvdisasm()
-    groups, expect, allowed = _kernel_sets(d)
+    groups, expect, allowed, budgets = _kernel_sets(d)
     work, problems = [], []
     for path, arch, kernels in groups:
         found = {c.sha256: c for c in extract_cubins(path.read_bytes())}
@@ -239,11 +315,12 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
             ops.update(opcode_counts(disassemble(c.data, tool)))
         exp = expect.get(k["family"])
         allow = k["family"] in allow_local or (k["family"], arch) in allowed
-        probs = check_opcodes(ops, exp, allow)
-        warns = local_memory(ops) if allow else []
+        budget = find_budget(budgets.get(k["family"], ()), arch, k.get("params") or {})
+        probs = check_opcodes(ops, exp, allow, budget)
+        warns = check_local(ops, allow, budget)[1]
         return {"warnings": warns, "name": k["name"], "family": k["family"], "arch": arch, "file": str(path),
                 "opcodes": {x: ops.get(x, 0) for x in REPORTED if ops.get(x)}, "instructions": sum(ops.values()),
-                "expect": list(exp) if exp is not None else None, "problems": probs}
+                "expect": list(exp) if exp is not None else None, "local_budget": budget, "problems": probs}
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
         results = list(ex.map(one, work))
@@ -266,7 +343,7 @@ def main(argv: Optional[list] = None) -> int:
     a = ap.parse_args(argv)
     try:
         rep = check_dir(a.dir, a.jobs, tuple(f for f in a.allow_local.split(",") if f))
-    except (SassToolError, FileNotFoundError) as e:
+    except (SassToolError, FileNotFoundError, ValueError) as e:
         print(f"sass: {e}", file=sys.stderr)
         return 2
     if a.json:
@@ -280,10 +357,11 @@ def main(argv: Optional[list] = None) -> int:
             for k in ks:
                 tot.update(k["opcodes"])
             exp = ks[0]["expect"]
+            nb = sum(1 for k in ks if k["local_budget"])
             print(f"sass: {arch} {fam}: {n} kernel(s), expect {exp if exp is not None else 'nothing declared'}; "
-                  f"totals {dict(tot) or '{}'}")
+                  f"totals {dict(tot) or '{}'}" + (f"; {nb} with a local-memory budget" if nb else ""))
         for w in rep["warnings"]:
-            print(f"sass: warning (local memory accepted for this family and arch) {w}")
+            print(f"sass: warning {w}")
         for p in rep["problems"]:
             print(f"sass: PROBLEM {p}")
         print(f"sass: {'OK' if rep['ok'] else 'FAILED'}: {len(rep['kernels'])} kernel(s) in {rep['dir']} "

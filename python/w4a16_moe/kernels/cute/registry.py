@@ -6,7 +6,8 @@ order of preference on a device; everything that needs to know the families read
 
 * the loader (:func:`w4a16_moe.loader.spec.get_family`): compile function and source modules of a spec family;
 * the AOT build (:mod:`w4a16_moe.aot`): archs and variant sets per subset;
-* the SASS check (:mod:`w4a16_moe.loader.sass`): the instructions each family's kernels must contain;
+* the SASS check (:mod:`w4a16_moe.loader.sass`): the instructions each family's kernels must contain and
+  the local memory it accepts;
 * the CuTe provider and ``doctor``: which family serves a device, its configs, packed layouts and checks.
 
 Adding a family: its own package (config, kernel, ``family.py`` with ``DESCRIPTOR``), plus one line in
@@ -55,8 +56,12 @@ class KernelFamily(Protocol):
     sources: tuple
     #: instructions every kernel of the family must contain (the AOT SASS check)
     sass_expect: tuple
-    #: archs on which local-memory instructions are only a warning in the SASS check
+    #: archs on which local-memory instructions are only a warning in the SASS check (any amount, any kernel)
     sass_allow_local: tuple
+    #: per-kernel local-memory budgets of the SASS check (:func:`w4a16_moe.loader.sass.budget_rules`): one dict
+    #: per rule, ``{"archs": (...), "params": {exact kernel params}, "LDL": n, "STL": m, "why": "one line"}``; a
+    #: kernel a rule matches may have at most ``LDL`` / ``STL`` such instructions (a warning), no more. ``()``: none
+    sass_local_budget: tuple
 
     def config_type(self) -> type:
         """The static config dataclass of one kernel (no DSL import)."""

@@ -478,6 +478,18 @@ def aot_variants(subset: str) -> list:
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
 
 
+#: local memory the SASS check accepts per kernel (:func:`w4a16_moe.loader.sass.budget_rules`): the NVFP4 gate/up
+#: kernels of 16 warps at unroll 4 (:data:`WIDE_KNOBS`) spill 5 ``LDL`` / 2 ``STL`` at the 128 registers a
+#: 16-warp CTA leaves a thread. H200 (docs/perf/2026-12-04-local-memory): unroll 2 without local memory is
+#: 1.016-1.033 x their time at one token
+SASS_LOCAL_BUDGET = (
+    {"archs": ("sm_90a",), "params": {"mode": "gate_up", "fp4": True, "group": 16, "warps": 16, "unroll": 4},
+     "LDL": 5, "STL": 2,
+     "why": "NVFP4 16-warp unroll-4 decode gate/up: faster than the spill-free unroll 2 "
+            "(docs/perf/2026-12-04-local-memory)"},
+)
+
+
 class DecodeFamily:
     """The route-major decode kernels as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`: small
     routed calls beside the SM90 family, reading its packed layout."""
@@ -493,6 +505,7 @@ class DecodeFamily:
                "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid", "w4a16_moe.kernels.cute.common.dequant")
     sass_expect = SASS_EXPECT
     sass_allow_local = ()
+    sass_local_budget = SASS_LOCAL_BUDGET
     max_grid_y = MAX_GRID_Y
 
     def __repr__(self) -> str:

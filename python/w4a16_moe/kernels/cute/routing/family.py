@@ -146,6 +146,7 @@ class RoutingFamily:
     sources = REGISTRY_ENTRY[1]
     sass_expect = SASS_EXPECT
     sass_allow_local = ()
+    sass_local_budget = ()
 
     def __repr__(self) -> str:
         return "KernelFamily(routing)"

@@ -580,6 +580,19 @@ def aot_variants(subset: str) -> list:
     raise ValueError(f"subset: expected smoke or full, got {subset!r}")
 
 
+#: local memory the SASS check accepts per kernel (:func:`w4a16_moe.loader.sass.budget_rules`): the ping-pong down
+#: GEMMs of :data:`MODEL_TILES` for INT4 g32 with zero points (BK 128, 2 B slots) spill 1-2 ``LDL`` / 1 ``STL``.
+#: H200 (docs/perf/2026-12-04-local-memory): the BK 64 ping-pong without local memory (4 B slots, 16 stages) is
+#: 1.027-1.067 x their time, the tiles without ping-pong 1.04-1.5 x
+SASS_LOCAL_BUDGET = (
+    {"archs": ("sm_90a",),
+     "params": {"mode": "down", "pingpong": 2, "zero_point": True, "group": 32, "k_tile": 128, "b_slots": 2},
+     "LDL": 2, "STL": 1,
+     "why": "INT4 g32 zero-point ping-pong down GEMM: faster than the spill-free BK 64 ping-pong and the tiles "
+            "without ping-pong (docs/perf/2026-12-04-local-memory)"},
+)
+
+
 class Sm90Family:
     """The WGMMA grouped-GEMM family as :class:`~w4a16_moe.kernels.cute.registry.KernelFamily`."""
 
@@ -594,6 +607,7 @@ class Sm90Family:
                "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid", "w4a16_moe.kernels.cute.common.dequant")
     sass_expect = ("HGMMA",)
     sass_allow_local = ()
+    sass_local_budget = SASS_LOCAL_BUDGET
     max_grid_y = MAX_GRID_Y
 
     def __repr__(self) -> str:

@@ -235,6 +235,7 @@ class WarpFamily:
                "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid")
     sass_expect = ("HMMA",)
     sass_allow_local = ()
+    sass_local_budget = ()
     max_grid_y = MAX_GRID_Y
 
     def __repr__(self) -> str:
