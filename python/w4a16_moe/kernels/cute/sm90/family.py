@@ -583,7 +583,7 @@ def aot_variants(subset: str) -> list:
 #: local memory the SASS check accepts per kernel (:func:`w4a16_moe.loader.sass.budget_rules`): the ping-pong down
 #: GEMMs of :data:`MODEL_TILES` for INT4 g32 with zero points (BK 128, 2 B slots) spill 1-2 ``LDL`` / 1 ``STL``.
 #: H200 (docs/perf/2026-12-04-local-memory): the BK 64 ping-pong without local memory (4 B slots, 16 stages) is
-#: 1.027-1.067 x their time, the tiles without ping-pong 1.04-1.5 x
+#: 1.027-1.067 x their time, the fastest tile without ping-pong 1.002-1.35 x (8 rows)
 SASS_LOCAL_BUDGET = (
     {"archs": ("sm_90a",),
      "params": {"mode": "down", "pingpong": 2, "zero_point": True, "group": 32, "k_tile": 128, "b_slots": 2},
