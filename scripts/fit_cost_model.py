@@ -69,6 +69,35 @@ def _fit(obs: list, rows: int, tn: int, stream) -> dict:
     return out
 
 
+def _observe(path: str, obs: dict, devices: set, skip: frozenset = frozenset()) -> None:
+    """Add the unsplit grouped choices of one sweep file to ``obs`` (per choice name: its gate/up and down
+    observations), except the choices named in ``skip``; record the sweep's device in ``devices``."""
+    from w4a16_moe.kernels.cute.sm90.family import in_model_domain
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+    from w4a16_moe.kernels.cute.tiles import expected_tiles
+
+    with open(path) as f:
+        data = json.load(f)
+    devices.add((data["device"], data["sm_count"]))
+    for r in data["rows"]:
+        e, h, i, k, t = r["E"], r["H"], r["I"], r["top_k"], r["tokens"]
+        g = r.get("E_global", e)
+        for x in r["results"]:
+            ks = [k[1] if isinstance(k, list) else k for k in x.get("kernels") or ()]  # [name, us] or us
+            if "us" not in x or x.get("decode") or not ks or len(ks) < 4 or list(x["splits"]) != [1, 1]:
+                continue
+            if not in_model_domain(x["family"], x["tiles"], i):  # outside the domain the family lets the model choose it
+                continue
+            name = f"{x['family']} {candidate_name(x['tiles'])}"
+            if name in skip:
+                continue
+            tn = x["tiles"]["tokens_per_tile"]
+            tiles = expected_tiles(t * k, e, tn, k, g if g > e else None)
+            ent = obs.setdefault(name, dict(family=x["family"], tiles=x["tiles"], up=[], down=[]))
+            ent["up"].append(dict(t=ks[-3], n=2 * i, k=h, tiles=tiles, routes=t * k, experts=e))
+            ent["down"].append(dict(t=ks[-2], n=h, k=i, tiles=tiles, routes=t * k, experts=e))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sweeps", nargs="+")
@@ -80,36 +109,13 @@ def main(argv=None) -> int:
     ap.add_argument("--date", default="unknown")
     args = ap.parse_args(argv)
 
-    from w4a16_moe.kernels.cute.sm90.family import in_model_domain
-    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
-    from w4a16_moe.kernels.cute.tiles import expected_tiles
-
     obs: dict = {}
     devices = set()
-    main = None
-    for path in [*args.sweeps, *args.extend]:
-        if path == (args.extend or [None])[0]:
-            main = set(obs)  # the choices the main sweeps fit: extension rows leave them alone
-        with open(path) as f:
-            data = json.load(f)
-        devices.add((data["device"], data["sm_count"]))
-        for r in data["rows"]:
-            e, h, i, k, t = r["E"], r["H"], r["I"], r["top_k"], r["tokens"]
-            g = r.get("E_global", e)
-            for x in r["results"]:
-                ks = [k[1] if isinstance(k, list) else k for k in x.get("kernels") or ()]  # [name, us] or us
-                if "us" not in x or x.get("decode") or not ks or len(ks) < 4 or list(x["splits"]) != [1, 1]:
-                    continue
-                if not in_model_domain(x["family"], x["tiles"], i):  # outside the domain the family lets the model choose it
-                    continue
-                name = f"{x['family']} {candidate_name(x['tiles'])}"
-                if main is not None and name in main:
-                    continue
-                tn = x["tiles"]["tokens_per_tile"]
-                tiles = expected_tiles(t * k, e, tn, k, g if g > e else None)
-                ent = obs.setdefault(name, dict(family=x["family"], tiles=x["tiles"], up=[], down=[]))
-                ent["up"].append(dict(t=ks[-3], n=2 * i, k=h, tiles=tiles, routes=t * k, experts=e))
-                ent["down"].append(dict(t=ks[-2], n=h, k=i, tiles=tiles, routes=t * k, experts=e))
+    for path in args.sweeps:
+        _observe(path, obs, devices)
+    fitted = frozenset(obs)  # the choices the main sweeps fit: extension rows leave them alone
+    for path in args.extend:
+        _observe(path, obs, devices, skip=fitted)
     if len(devices) != 1:
         raise SystemExit(f"sweeps from more than one device: {sorted(devices)}")
     (device, sms), = devices
