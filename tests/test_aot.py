@@ -91,15 +91,21 @@ def test_family_modules_absent_or_broken(tmp_path, monkeypatch):
         aot.load_families(["half_family"])
     with pytest.raises(aot.AotError, match="bad_import_family failed to import"):
         aot.load_families(["bad_import_family"])
-    # a family module's local-memory budget (SASS_LOCAL_BUDGET): checked, in the manifest's JSON form
-    rule = {"archs": ("sm_90a",), "params": {"k_tile": 128}, "LDL": 1, "STL": 0, "why": "measured faster"}
+    # a family module's SASS-check rules (SASS_LOCAL_BUDGET, SASS_SERIAL_OK): checked, in the manifest's JSON form
     head = "FAMILY = 'b'\nARCHS = ('sm_90a',)\naot_variants = lambda subset: []\n"
-    (tmp_path / "budget_family.py").write_text(head + f"SASS_LOCAL_BUDGET = ({rule!r},)\n")
-    (tmp_path / "bad_budget_family.py").write_text(head + f"SASS_LOCAL_BUDGET = ({dict(rule, LDL=-1)!r},)\n")
-    (fam,), _ = aot.load_families(["budget_family"])
-    assert fam.sass_local_budget == (dict(rule, archs=["sm_90a"]),) and fam.sass_allow_local == ()
-    with pytest.raises(aot.AotError, match="bad_budget_family: local-memory budget rule 0: LDL must be"):
-        aot.load_families(["bad_budget_family"])
+    budget = {"archs": ("sm_90a",), "params": {"k_tile": 128}, "LDL": 1, "STL": 0, "why": "measured faster"}
+    serial = {"archs": ("sm_90a",), "params": {"tokens_per_tile": 8}, "why": "timed as built"}
+    for attr, rule, bad, err in (
+            ("SASS_LOCAL_BUDGET", budget, dict(budget, LDL=-1), "local-memory budget rule 0: LDL must be"),
+            ("SASS_SERIAL_OK", serial, dict(serial, why=""), "serialized-WGMMA rule 0: why must say why")):
+        mod = attr.lower()
+        (tmp_path / f"{mod}_family.py").write_text(head + f"{attr} = ({rule!r},)\n")
+        (tmp_path / f"bad_{mod}_family.py").write_text(head + f"{attr} = ({bad!r},)\n")
+        (fam,), _ = aot.load_families([f"{mod}_family"])
+        assert getattr(fam, mod) == (dict(rule, archs=["sm_90a"]),) and fam.sass_allow_local == ()
+        assert all(getattr(fam, other) == () for other in ("sass_local_budget", "sass_serial_ok") if other != mod)
+        with pytest.raises(aot.AotError, match=f"bad_{mod}_family: {err}"):
+            aot.load_families([f"bad_{mod}_family"])
 
 
 def test_specs_file_builds_exactly_the_listed_specs(tmp_path):
@@ -141,8 +147,8 @@ def test_manifest_extra_describes_empty_archs():
 
 
 def test_manifest_records_local_budgets():
-    """The families table carries each family's local-memory budget rules (what an installed wheel's SASS check
-    reads), the registry's, in JSON form."""
+    """The families table carries each family's local-memory budget rules and serialized-WGMMA rules (what an
+    installed wheel's SASS check reads), the registry's, in JSON form."""
     from w4a16_moe.loader import sass
 
     plans, fams, absent = aot.plan_archs(["sm_90a"], "smoke")
@@ -153,6 +159,10 @@ def test_manifest_records_local_budgets():
     assert [(r["LDL"], r["STL"]) for r in extra["families"]["sm90_w4a16_gemm"]["sass_local_budget"]] == [(2, 1)]
     assert [(r["LDL"], r["STL"]) for r in extra["families"]["w4a16_decode_gemv"]["sass_local_budget"]] == [(5, 2)]
     assert extra["families"]["warp_w4a16_gemm"]["sass_local_budget"] == []
+    serial = sass.default_serial_ok()
+    assert {f: v["sass_serial_ok"] for f, v in extra["families"].items()} == {f: list(serial[f]) for f in
+                                                                               extra["families"]}
+    assert len(extra["families"]["sm90_w4a16_gemm"]["sass_serial_ok"]) == 3
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -225,10 +235,14 @@ def test_smoke_build_sass(smoke_build):
     for k in by_fam.get("warp_w4a16_gemm", []):
         assert k["opcodes"].get("HMMA") and not k["opcodes"].get("HGMMA"), k["name"]
     assert len(rep["kernels"]) == len(json.loads((out / "manifest.json").read_text())["kernels"])
-    # no local memory (LDL/STL), except within a kernel's declared budget or on archs where a family accepts it
-    # (then a warning); the manifest records the budgets
+    # no local memory (LDL/STL), except within a kernel's declared budget or on archs where a family accepts it,
+    # and no serialized WGMMA pipeline, except where a family rule accepts it (then warnings); the manifest records
+    # the rules
     assert rep["ok"], rep["problems"][:10]
     fams = json.loads((out / "manifest.json").read_text())["families"]
     allowed = {(f, a) for f, v in fams.items() for a in v["sass_allow_local"]}
-    assert all((k["family"], k["arch"]) in allowed or k["local_budget"] for k in rep["kernels"] if k["warnings"])
+    assert all((k["family"], k["arch"]) in allowed or k["local_budget"] or k["serial_ok"]
+               for k in rep["kernels"] if k["warnings"])
+    assert all(k["serial_ok"] for k in rep["kernels"] if k["wgmma_serialized"])
     assert fams["sm90_w4a16_gemm"]["sass_local_budget"] == list(sass.default_local_budget()["sm90_w4a16_gemm"])
+    assert fams["sm90_w4a16_gemm"]["sass_serial_ok"] == list(sass.default_serial_ok()["sm90_w4a16_gemm"])

@@ -271,3 +271,185 @@ def test_main_reports_budgets(fake_sass, tmp_path, capsys):
     bad = fake_sass(tmp_path / "bad", "manifest", {**fams, SM90: {**fams[SM90], "sass_local_budget": [{"LDL": 1}]}})
     assert sass.main([str(bad)]) == 2
     assert "local-memory budget rule 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------
+# serialized WGMMA pipelines (docs/perf/2026-12-04-wgmma-serial)
+# ------------------------------------------------------------------------------------------------------
+def _sass(*groups, waits0: int = 1, waits1: int = 0) -> str:
+    """Canned SASS: HGMMA groups of the given sizes (the last HGMMA of each closes the group: ``gsb0``), each
+    group then ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (``waits1`` of them) or ``0x0`` (``waits0``), in nvdisasm's form."""
+    lines, pc = [], 0
+
+    def emit(text):
+        nonlocal pc
+        lines.append(f"        /*{pc:04x}*/                   {text} ;")
+        pc += 16
+
+    emit("WARPGROUP.ARRIVE")
+    for n in groups:
+        for i in range(n):
+            emit(f"HGMMA.64x80x16.F32.BF16 R64, R{124 + 4 * i}, gdesc[UR12], R64" + (", gsb0" if i == n - 1 else ""))
+    for _ in range(waits1):
+        emit("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+    for _ in range(waits0):
+        emit("WARPGROUP.DEPBAR.LE gsb0, 0x0")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("text, serialized", [
+    (_sass(1, 1, 1, 1, waits0=4), True),  # what ptxas emits when it serializes: every HGMMA waited to zero
+    (_sass(*[1] * 32, waits0=32), True),  # the shipped TN 112 tiles: 32 HGMMA, 32 gsb0, 32 waits
+    (_sass(1, 1, 1, 1, waits0=5), True),
+    (_sass(4, 4, waits0=1, waits1=1), False),  # the overlap schedule: groups of 4, one wait for the last tile
+    (_sass(2, 2, 2, 2, waits0=4), False),  # a wait per group, but groups of 2 HGMMA
+    (_sass(1, 1, 1, 1, waits0=1, waits1=3), False),  # single-HGMMA groups still overlapped
+    (_sass(1, 1, 1, 1, waits0=3), False),  # one group left in flight
+    (_sass(16, waits0=1), False),  # the serial schedule: one group and one wait per tile, by design
+    (_sass(1, waits0=1), False),  # a single HGMMA has nothing to overlap
+    (_sass(waits0=0), False),
+])
+def test_wgmma_serialized(text, serialized):
+    why = sass.wgmma_serialized(text)
+    assert (why is not None) == serialized, why
+    if serialized:
+        n = text.count("HGMMA")
+        assert why.startswith(f"WGMMA pipeline serialized by ptxas: {n} HGMMA, each its own commit group, ")
+
+
+def test_check_serial():
+    rule = {"archs": ["sm_90a"], "params": {"tokens_per_tile": 8}, "why": "timed as built"}
+    assert sass.check_serial(None, rule) == ([], []) and sass.check_serial(None) == ([], [])
+    assert sass.check_serial("serialized") == (["serialized"], [])
+    assert sass.check_serial("serialized", rule) == ([], ["serialized, accepted (timed as built)"])
+
+
+SERIAL_RULE = {"archs": ["sm_90a"], "params": {"tokens_per_tile": 112}, "why": "timed as built"}
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"archs": ["sm_90a"], "params": {"k_tile": 128}}, "exactly archs, params, why"),
+    ({**SERIAL_RULE, "LDL": 1}, "exactly archs, params, why"),
+    ({**SERIAL_RULE, "archs": "sm_90a"}, "archs must be a non-empty list"),
+    ({**SERIAL_RULE, "params": {}}, "params must be a non-empty dict"),
+    ({**SERIAL_RULE, "why": ""}, "why must say why"),
+])
+def test_serial_rules_are_validated(bad, why):
+    with pytest.raises(ValueError, match=f"serialized-WGMMA rule 1: .*{re.escape(why)}"):
+        sass.serial_rules([SERIAL_RULE, bad])
+    assert sass.serial_rules([{**SERIAL_RULE, "archs": ("sm_90a",)}]) == (SERIAL_RULE,)
+    assert sass.serial_rules(()) == () and sass.serial_rules(None) == ()
+
+
+def test_registered_serial_rules():
+    """Only the WGMMA family declares rules: TN 8 at 4 CTAs per SM, TN 112 and TN 128 over two warpgroups of two
+    m64 blocks without setmaxnreg, on sm_90a; each names config fields and matches built kernels (the full subset,
+    the candidate tiles), and no rule matches a setmaxnreg build."""
+    from w4a16_moe import aot
+    from w4a16_moe.kernels.cute import registry
+
+    rules = sass.default_serial_ok()
+    assert set(rules) == {f.spec_family for f in registry.families()}
+    assert all(not r for fam, r in rules.items() if fam != SM90)
+    assert [(r["archs"], r["params"]) for r in rules[SM90]] == [
+        (["sm_90a"], {"tokens_per_tile": 8, "min_ctas_per_sm": 4}),
+        (["sm_90a"], {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False}),
+        (["sm_90a"], {"tokens_per_tile": 128, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False})]
+    assert all("docs/perf/2026-12-04-wgmma-serial" in r["why"] and "\n" not in r["why"] for r in rules[SM90])
+    from w4a16_moe.formats.schemes import get_scheme
+    from w4a16_moe.kernels.cute.sm90 import family as sm90
+
+    fam = registry.get("sm90")
+    fields = {x.name for x in dataclasses.fields(fam.config_type())}
+    # the wheel's kernels and every candidate tile's (the tuner's, which GPU sessions build: scripts/device_specs.py)
+    params = [s.params_dict for s in aot.subset_specs("full", "sm_90a") if s.family == SM90]
+    params += [fam.spec_for(c).params_dict for t in sm90.CANDIDATES
+               for c in fam.configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", dict(t))]
+    for r in rules[SM90]:
+        assert set(r["params"]) <= fields
+        assert any(sass.find_budget([r], "sm_90a", p) for p in params), r["params"]
+        assert not sass.find_budget([r], "sm_90a", {**r["params"], "setmaxnreg": True, "min_ctas_per_sm": 1})
+
+
+@pytest.fixture
+def fake_serial(monkeypatch):
+    """A prebuilt directory (or exported objects) of four SM90 kernels with canned disassembly: a serialized TN 112
+    kernel (a rule accepts it), a serialized TN 96 kernel (no rule), an overlapped TN 112 setmaxnreg kernel, and a
+    serialized kernel whose two cubins differ (only one serialized)."""
+    texts = {}
+
+    def extract(data: bytes) -> list:
+        return [sass.Cubin(i, line, 90) for i, line in enumerate(data.splitlines()) if line.startswith(b"cubin ")]
+
+    monkeypatch.setattr(sass, "find_nvdisasm", lambda: Path("/fake/nvdisasm"))
+    monkeypatch.setattr(sass, "extract_cubins", extract)
+    monkeypatch.setattr(sass, "disassemble", lambda data, tool=None: texts[data])
+    serial, overlapped = _sass(*[1] * 8, waits0=8), _sass(4, 4, waits0=1, waits1=1)
+    kernels = [("t112", {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
+                [serial]),
+               ("t96", {"tokens_per_tile": 96, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False}, [serial]),
+               ("t112_mr", {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": True},
+                [overlapped]),
+               ("t96_two", {"tokens_per_tile": 96, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
+                [overlapped, serial])]
+
+    def write(d: Path, layout: str, families: dict = None) -> Path:
+        d.mkdir()
+        recs = []
+        for name, params, cubins in kernels:
+            datas = [f"cubin {name} {i}".encode() for i in range(len(cubins))]
+            texts.update(zip(datas, cubins))
+            recs.append({"name": name, "family": SM90, "params": params,
+                         "cubins": [{"sha256": hashlib.sha256(x).hexdigest(), "size": len(x), "sm": 90} for x in datas]})
+        if layout == "objects":
+            for r, (name, _, cubins) in zip(recs, kernels):
+                (d / f"{name}.o").write_bytes(b"".join(f"cubin {name} {i}\n".encode() for i in range(len(cubins))))
+                side = {"arch": "sm_90a", "spec": {k: r[k] for k in ("name", "family", "params")}, "cubins": r["cubins"]}
+                (d / f"{name}.json").write_text(json.dumps(side))
+            return d
+        (d / "sm_90a").mkdir()
+        (d / "sm_90a" / "kernels.so").write_bytes(
+            b"".join(f"cubin {name} {i}\n".encode() for name, _, cubins in kernels for i in range(len(cubins))))
+        (d / "sm_90a" / "meta.json").write_text(json.dumps({"arch": "sm_90a", "kernels": recs}))
+        (d / "manifest.json").write_text(json.dumps({
+            "families": _recorded_families() if families is None else families,
+            "libraries": [{"file": "sm_90a/kernels.so", "meta": "sm_90a/meta.json"}]}))
+        return d
+
+    return write
+
+
+@pytest.mark.parametrize("layout", ["manifest", "objects"])
+def test_check_dir_serialized_wgmma(fake_serial, tmp_path, layout):
+    """A serialized pipeline is a problem unless a rule of the manifest (or, for exported objects, the registry)
+    accepts the kernel; one serialized cubin of a kernel is enough."""
+    rep = sass.check_dir(fake_serial(tmp_path / "d", layout), workers=2)
+    assert _outcomes(rep) == {"t112": "warn", "t96": "fail", "t112_mr": "ok", "t96_two": "fail"}
+    by = {k["name"]: k for k in rep["kernels"]}
+    assert by["t112"]["serial_ok"] == sass.default_serial_ok()[SM90][1] and by["t96"]["serial_ok"] is None
+    assert by["t112_mr"]["wgmma_serialized"] is None and by["t112_mr"]["serial_ok"] is None
+    why = "WGMMA pipeline serialized by ptxas: 8 HGMMA, each its own commit group, 8 waits for zero pending groups"
+    assert by["t96"]["wgmma_serialized"] == by["t96_two"]["wgmma_serialized"] == why
+    assert rep["problems"] == [f"t96 (sm_90a): {why}", f"t96_two (sm_90a): {why}"]
+    assert len(rep["warnings"]) == 1 and rep["warnings"][0].startswith(f"t112 (sm_90a): {why}, accepted (TN 112 over")
+
+
+def test_check_dir_serial_rules_from_the_manifest(fake_serial, tmp_path, capsys):
+    """The manifest's rules win (none: the TN 112 kernel fails too); a manifest written before the rules (no
+    ``sass_serial_ok``) takes the registry's; a malformed rule is an error of the check."""
+    fams = _recorded_families()
+    assert fams[SM90]["sass_serial_ok"] == [dict(r) for r in sass.default_serial_ok()[SM90]]
+    none = {**fams, SM90: {**fams[SM90], "sass_serial_ok": []}}
+    got = _outcomes(sass.check_dir(fake_serial(tmp_path / "none", "manifest", none)))
+    assert got == {"t112": "fail", "t96": "fail", "t112_mr": "ok", "t96_two": "fail"}
+    old = {f: {k: v for k, v in info.items() if k != "sass_serial_ok"} for f, info in fams.items()}
+    assert _outcomes(sass.check_dir(fake_serial(tmp_path / "old", "manifest", old)))["t112"] == "warn"
+    d = fake_serial(tmp_path / "main", "manifest")
+    assert sass.main([str(d)]) == 1
+    out = capsys.readouterr().out
+    assert "sass: sm_90a sm90_w4a16_gemm: 4 kernel(s), expect ['HGMMA']; totals {'HGMMA': 40}; 3 with a serialized " \
+           "WGMMA pipeline" in out
+    assert "sass: PROBLEM t96 (sm_90a): WGMMA pipeline serialized by ptxas" in out
+    bad = fake_serial(tmp_path / "bad", "manifest", {**fams, SM90: {**fams[SM90], "sass_serial_ok": [{"why": "x"}]}})
+    assert sass.main([str(bad)]) == 2
+    assert "serialized-WGMMA rule 0" in capsys.readouterr().err

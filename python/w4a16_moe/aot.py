@@ -69,6 +69,7 @@ class AotFamily:
     sass_expect: Optional[tuple]  # instructions every kernel must contain (loader/sass.py); None = undeclared
     sass_allow_local: tuple = ()  # archs on which the family accepts local memory (LDL/STL): warnings, not errors
     sass_local_budget: tuple = ()  # per-kernel local-memory budget rules (loader/sass.py: budget_rules)
+    sass_serial_ok: tuple = ()  # kernels whose serialized WGMMA pipeline is accepted (loader/sass.py: serial_rules)
 
 
 @dataclass
@@ -88,8 +89,8 @@ class ArchPlan:
 def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
     """``([AotFamily], {module: why absent})``. A module that does not exist is absent; one that exists but
     fails to import, lacks ``FAMILY`` / ``ARCHS`` / ``aot_variants`` or declares a malformed local-memory budget
-    raises :class:`AotError`."""
-    from .loader.sass import budget_rules
+    or serialized-WGMMA rule raises :class:`AotError`."""
+    from .loader.sass import budget_rules, serial_rules
 
     fams, absent = [], {}
     for mod_name in modules:
@@ -106,10 +107,10 @@ def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
         if d is not None:  # a registered family
             attrs = {"FAMILY": d.spec_family, "ARCHS": d.archs, "aot_variants": d.aot_variants,
                      "SASS_EXPECT": d.sass_expect, "SASS_ALLOW_LOCAL": d.sass_allow_local,
-                     "SASS_LOCAL_BUDGET": d.sass_local_budget}
+                     "SASS_LOCAL_BUDGET": d.sass_local_budget, "SASS_SERIAL_OK": d.sass_serial_ok}
         else:
             attrs = {a: getattr(mod, a, None) for a in ("FAMILY", "ARCHS", "aot_variants", "SASS_EXPECT",
-                                                        "SASS_ALLOW_LOCAL", "SASS_LOCAL_BUDGET")}
+                                                        "SASS_ALLOW_LOCAL", "SASS_LOCAL_BUDGET", "SASS_SERIAL_OK")}
         lacking = [a for a in ("FAMILY", "ARCHS", "aot_variants") if attrs[a] is None]
         if lacking:
             raise AotError(f"kernel family module {mod_name} must define {', '.join(lacking)} for the AOT build")
@@ -117,10 +118,11 @@ def load_families(modules: Sequence[str] = FAMILY_MODULES) -> tuple:
         allow = tuple(attrs["ARCHS"]) if allow is True else tuple(allow)
         try:
             budget = budget_rules(attrs["SASS_LOCAL_BUDGET"])
+            serial = serial_rules(attrs["SASS_SERIAL_OK"])
         except ValueError as e:
             raise AotError(f"kernel family module {mod_name}: {e}") from e
         fams.append(AotFamily(attrs["FAMILY"], mod_name, tuple(attrs["ARCHS"]), attrs["aot_variants"],
-                              tuple(exp) if exp is not None else None, allow, budget))
+                              tuple(exp) if exp is not None else None, allow, budget, serial))
     return fams, absent
 
 
@@ -230,7 +232,8 @@ def manifest_extra(plans: Sequence[ArchPlan], fams: Sequence[AotFamily], absent:
             src = f"unavailable ({e})"
         fam_info[f.name] = {"module": f.module, "archs": list(f.archs), "sass_expect": list(f.sass_expect)
                             if f.sass_expect is not None else None, "sass_allow_local": list(f.sass_allow_local),
-                            "sass_local_budget": list(f.sass_local_budget), "source_hash": src}
+                            "sass_local_budget": list(f.sass_local_budget),
+                            "sass_serial_ok": list(f.sass_serial_ok), "source_hash": src}
     return {
         "subset": subset,
         "linker": linker,

@@ -16,7 +16,7 @@ Directory (``$W4A16_MOE_PREBUILT_DIR`` overrides it)::
      # written by the AOT build (w4a16_moe.aot.manifest_extra), optional for the loader:
      "subset": "smoke", "linker": "cmake" | "g++",
      "families": {"<family>": {"module", "archs", "sass_expect", "sass_allow_local", "sass_local_budget",
-                               "source_hash"}},   # the SASS check's rules (loader/sass.py)
+                               "sass_serial_ok", "source_hash"}},   # the SASS check's rules (loader/sass.py)
      "absent_family_modules": {"<module>": "why"},
      "archs": {"sm_90a": {"kernels": 30, "families": {...}}, "sm_100a": {"kernels": 0, "reason": "..."}}}
 

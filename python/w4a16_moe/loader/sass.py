@@ -18,6 +18,13 @@ back to its kernel.
     else (exported objects, a manifest written before budgets) the family registry (:func:`default_local_budget`);
   - any amount where the family accepts local memory on an arch (manifest ``families[f].sass_allow_local``) or
     ``--allow-local`` names the family: a warning;
+* a WGMMA pipeline that ``ptxas`` kept (:func:`wgmma_serialized`): where a kernel's registers run short, ptxas
+  makes every ``HGMMA`` a commit group of its own and waits for it to finish (``WARPGROUP.DEPBAR.LE gsb0, 0x0``)
+  before the next instruction, so the warpgroup's decode and its tensor-core work no longer overlap (its
+  advisory "wgmma.mma_async instructions are serialized" is not shown by the DSL). Such a kernel is a problem,
+  except where a rule of its family accepts it (``sass_serial_ok``: archs, exact kernel params, why; a warning):
+  the rules, like the budgets, come from the manifest's ``families[f].sass_serial_ok``, else the registry
+  (:func:`default_serial_ok`);
 * every kernel has its cubin and every cubin belongs to a kernel.
 
 ``DIR`` is a prebuilt directory (``manifest.json`` + ``<arch>/meta.json`` + libraries, e.g. an installed
@@ -48,7 +55,8 @@ from typing import Optional, Sequence
 from .. import settings
 
 __all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disassemble", "opcode_counts", "check_opcodes",
-           "local_memory", "check_local", "budget_rules", "find_budget", "default_local_budget", "check_dir", "main"]
+           "local_memory", "check_local", "budget_rules", "find_budget", "default_local_budget", "wgmma_serialized",
+           "serial_rules", "default_serial_ok", "check_serial", "check_dir", "main"]
 
 EM_CUDA = 190
 #: local-memory instructions: no kernel may contain them beyond its budget
@@ -71,6 +79,14 @@ def default_local_budget() -> dict:
     from ..kernels.cute import registry
 
     return {f.spec_family: budget_rules(f.sass_local_budget) for f in registry.families()}
+
+
+def default_serial_ok() -> dict:
+    """Rules per family accepting a serialized WGMMA pipeline when the manifest does not say (the registered CuTe
+    families' ``sass_serial_ok``, :func:`serial_rules`; families not listed: none)."""
+    from ..kernels.cute import registry
+
+    return {f.spec_family: serial_rules(f.sass_serial_ok) for f in registry.families()}
 
 
 class SassToolError(RuntimeError):
@@ -195,20 +211,27 @@ def budget_rules(rules) -> tuple:
     out = []
     for i, r in enumerate(rules or ()):
         what = f"local-memory budget rule {i}"
-        if not isinstance(r, dict) or set(r) != {"archs", "params", "LDL", "STL", "why"}:
-            raise ValueError(f"{what}: expected a dict with exactly archs, params, LDL, STL, why; got {r!r}")
-        if isinstance(r["archs"], str) or not r["archs"] or not all(isinstance(a, str) for a in r["archs"]):
-            raise ValueError(f"{what}: archs must be a non-empty list of arch names, got {r['archs']!r}")
-        if not isinstance(r["params"], dict) or not r["params"]:
-            raise ValueError(f"{what}: params must be a non-empty dict of kernel params, got {r['params']!r}")
+        rule = _kernel_rule(r, what, ("LDL", "STL"), "the local memory")
         for x in FORBIDDEN:
             if not isinstance(r[x], int) or isinstance(r[x], bool) or r[x] < 0:
                 raise ValueError(f"{what}: {x} must be an instruction count >= 0, got {r[x]!r}")
-        if not isinstance(r["why"], str) or not r["why"].strip():
-            raise ValueError(f"{what}: why must say why the local memory is accepted")
-        out.append({"archs": list(r["archs"]), "params": dict(r["params"]), "LDL": r["LDL"], "STL": r["STL"],
-                    "why": r["why"]})
+        out.append({**rule, "LDL": r["LDL"], "STL": r["STL"], "why": r["why"]})
     return tuple(out)
+
+
+def _kernel_rule(r, what: str, extra: tuple, accepted: str) -> dict:
+    """``{"archs": [...], "params": {...}}`` of one SASS-check rule (``archs``, ``params``, ``why`` and the keys of
+    ``extra``, exactly), or ValueError naming ``what`` and the broken rule."""
+    keys = ("archs", "params", *extra, "why")
+    if not isinstance(r, dict) or set(r) != set(keys):
+        raise ValueError(f"{what}: expected a dict with exactly {', '.join(keys)}; got {r!r}")
+    if isinstance(r["archs"], str) or not r["archs"] or not all(isinstance(a, str) for a in r["archs"]):
+        raise ValueError(f"{what}: archs must be a non-empty list of arch names, got {r['archs']!r}")
+    if not isinstance(r["params"], dict) or not r["params"]:
+        raise ValueError(f"{what}: params must be a non-empty dict of kernel params, got {r['params']!r}")
+    if not isinstance(r["why"], str) or not r["why"].strip():
+        raise ValueError(f"{what}: why must say why {accepted} is accepted")
+    return {"archs": list(r["archs"]), "params": dict(r["params"])}
 
 
 def _same(a, b) -> bool:
@@ -216,12 +239,53 @@ def _same(a, b) -> bool:
 
 
 def find_budget(rules: Sequence[dict], arch: str, params: dict) -> Optional[dict]:
-    """The first rule of ``rules`` (:func:`budget_rules`) for ``arch`` whose ``params`` all equal the
-    kernel's ``params`` (None: the kernel has no local-memory budget)."""
+    """The first rule of ``rules`` (:func:`budget_rules`, or :func:`serial_rules`) for ``arch`` whose ``params``
+    all equal the kernel's ``params`` (None: no rule for the kernel, e.g. no local-memory budget)."""
     for r in rules:
         if arch in r["archs"] and all(k in params and _same(params[k], v) for k, v in r["params"].items()):
             return r
     return None
+
+
+_HGMMA_RE = re.compile(r"\bHGMMA\.[^;]*;")
+_WAIT0_RE = re.compile(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b")
+
+
+def wgmma_serialized(sass: str) -> Optional[str]:
+    """Why the WGMMA pipeline of one kernel's disassembly is serialized, or None. Serialized: more than one
+    ``HGMMA``, each one closing its own commit group (``gsb0``) and at least as many waits for zero pending
+    groups (``WARPGROUP.DEPBAR.LE gsb0, 0x0``) as ``HGMMA`` s: what ptxas emits when it cannot keep several
+    WGMMAs in flight. A kernel whose code commits one ``HGMMA`` per group but waits for one group less (an
+    overlapped pipeline of single-WGMMA groups), or several ``HGMMA`` s per group and one wait per tile (a
+    serial schedule by design), is not serialized."""
+    hg = _HGMMA_RE.findall(sass)
+    if len(hg) < 2:
+        return None
+    closing = sum(1 for x in hg if "gsb0" in x)
+    waits = len(_WAIT0_RE.findall(sass))
+    if closing < len(hg) or waits < len(hg):
+        return None
+    return (f"WGMMA pipeline serialized by ptxas: {len(hg)} HGMMA, each its own commit group, {waits} waits for "
+            f"zero pending groups")
+
+
+def serial_rules(rules) -> tuple:
+    """A family's rules accepting a serialized WGMMA pipeline (``sass_serial_ok``, or its copy in the manifest)
+    checked, in JSON form: one dict per rule with ``archs`` (list), ``params`` (exact kernel params) and ``why``
+    (one line); ValueError naming the rule and what is wrong. :func:`find_budget` finds a kernel's rule."""
+    return tuple({**_kernel_rule(r, f"serialized-WGMMA rule {i}", (), "the serialized pipeline"), "why": r["why"]}
+                 for i, r in enumerate(rules or ()))
+
+
+def check_serial(why: Optional[str], rule: Optional[dict] = None) -> tuple:
+    """``(problems, warnings)`` of one kernel's WGMMA pipeline: ``why`` from :func:`wgmma_serialized` (None: not
+    serialized, nothing to say); serialized: a warning where ``rule`` (the kernel's ``sass_serial_ok`` rule)
+    accepts it, else a problem."""
+    if why is None:
+        return [], []
+    if rule is None:
+        return [why], []
+    return [], [f"{why}, accepted ({rule['why']})"]
 
 
 def check_local(ops: Counter, allow_local: bool = False, budget: Optional[dict] = None) -> tuple:
@@ -255,11 +319,11 @@ def check_opcodes(ops: Counter, expect: Optional[Sequence[str]], allow_local: bo
 # directory checks
 # ------------------------------------------------------------------------------------------------------
 def _kernel_sets(d: Path) -> tuple:
-    """``(groups, expectations, allowed, budgets)``: groups = [(file holding the cubins, arch, [kernel record
-    with 'params' and 'cubins'])], allowed = {(family, arch)} whose local memory is accepted, budgets =
-    {family: budget rules}."""
+    """``(groups, expectations, allowed, budgets, serial)``: groups = [(file holding the cubins, arch, [kernel
+    record with 'params' and 'cubins'])], allowed = {(family, arch)} whose local memory is accepted, budgets =
+    {family: budget rules}, serial = {family: rules accepting a serialized WGMMA pipeline}."""
     manifest = d / "manifest.json"
-    expect, budgets = default_expect(), default_local_budget()
+    expect, budgets, serial = default_expect(), default_local_budget(), default_serial_ok()
     groups, allowed = [], set()
     if manifest.is_file():
         m = json.loads(manifest.read_text())
@@ -269,27 +333,31 @@ def _kernel_sets(d: Path) -> tuple:
             allowed.update((fam, a) for a in info.get("sass_allow_local") or ())
             if "sass_local_budget" in info:  # else (a manifest written before the budgets) the registry's
                 budgets[fam] = budget_rules(info["sass_local_budget"])
+            if "sass_serial_ok" in info:  # else (a manifest written before these rules) the registry's
+                serial[fam] = serial_rules(info["sass_serial_ok"])
         for lib in m.get("libraries", []):
             meta = json.loads((d / lib["meta"]).read_text())
             groups.append((d / lib["file"], meta["arch"], meta["kernels"]))
-        return groups, expect, allowed, budgets
+        return groups, expect, allowed, budgets, serial
     sides = sorted(p for p in d.rglob("*.json") if p.with_suffix(".o").is_file())
     if not sides:
         raise FileNotFoundError(f"{d}: neither a prebuilt directory (manifest.json) nor exported objects (<name>.o + .json)")
     for side in sides:
         rec = json.loads(side.read_text())
         groups.append((side.with_suffix(".o"), rec["arch"], [{**rec["spec"], "cubins": rec.get("cubins", [])}]))
-    return groups, expect, allowed, budgets
+    return groups, expect, allowed, budgets, serial
 
 
 def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[str] = ()) -> dict:
     """Check every kernel under ``directory`` (see the module docstring). Returns
     ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "expect", "local_budget",
-    "problems", "warnings"}], "problems", "warnings"}`` (``local_budget``: the kernel's budget rule, or None).
+    "wgmma_serialized", "serial_ok", "problems", "warnings"}], "problems", "warnings"}`` (``local_budget``: the
+    kernel's budget rule, or None; ``wgmma_serialized``: :func:`wgmma_serialized`'s finding, or None; ``serial_ok``:
+    the rule accepting it, or None).
     Families in ``allow_local`` may use local memory (reported as warnings)."""
     d = Path(directory)
     tool = find_nvdisasm()
-    groups, expect, allowed, budgets = _kernel_sets(d)
+    groups, expect, allowed, budgets, serial = _kernel_sets(d)
     work, problems = [], []
     for path, arch, kernels in groups:
         found = {c.sha256: c for c in extract_cubins(path.read_bytes())}
@@ -311,16 +379,24 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
     def one(item):
         k, arch, path, cubins = item
         ops = Counter()
+        found = []
         for c in cubins:
-            ops.update(opcode_counts(disassemble(c.data, tool)))
+            text = disassemble(c.data, tool)
+            ops.update(opcode_counts(text))
+            found.append(wgmma_serialized(text))
+        why = next((w for w in found if w), None)
         exp = expect.get(k["family"])
         allow = k["family"] in allow_local or (k["family"], arch) in allowed
-        budget = find_budget(budgets.get(k["family"], ()), arch, k.get("params") or {})
-        probs = check_opcodes(ops, exp, allow, budget)
-        warns = check_local(ops, allow, budget)[1]
+        params = k.get("params") or {}
+        budget = find_budget(budgets.get(k["family"], ()), arch, params)
+        rule = find_budget(serial.get(k["family"], ()), arch, params) if why else None
+        sprobs, swarns = check_serial(why, rule)
+        probs = check_opcodes(ops, exp, allow, budget) + sprobs
+        warns = check_local(ops, allow, budget)[1] + swarns
         return {"warnings": warns, "name": k["name"], "family": k["family"], "arch": arch, "file": str(path),
                 "opcodes": {x: ops.get(x, 0) for x in REPORTED if ops.get(x)}, "instructions": sum(ops.values()),
-                "expect": list(exp) if exp is not None else None, "local_budget": budget, "problems": probs}
+                "expect": list(exp) if exp is not None else None, "local_budget": budget, "wgmma_serialized": why,
+                "serial_ok": rule, "problems": probs}
 
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
         results = list(ex.map(one, work))
@@ -358,8 +434,10 @@ def main(argv: Optional[list] = None) -> int:
                 tot.update(k["opcodes"])
             exp = ks[0]["expect"]
             nb = sum(1 for k in ks if k["local_budget"])
+            ns = sum(1 for k in ks if k["wgmma_serialized"])
             print(f"sass: {arch} {fam}: {n} kernel(s), expect {exp if exp is not None else 'nothing declared'}; "
-                  f"totals {dict(tot) or '{}'}" + (f"; {nb} with a local-memory budget" if nb else ""))
+                  f"totals {dict(tot) or '{}'}" + (f"; {nb} with a local-memory budget" if nb else "")
+                  + (f"; {ns} with a serialized WGMMA pipeline" if ns else ""))
         for w in rep["warnings"]:
             print(f"sass: warning {w}")
         for p in rep["problems"]:

@@ -62,6 +62,10 @@ class KernelFamily(Protocol):
     #: per rule, ``{"archs": (...), "params": {exact kernel params}, "LDL": n, "STL": m, "why": "one line"}``; a
     #: kernel a rule matches may have at most ``LDL`` / ``STL`` such instructions (a warning), no more. ``()``: none
     sass_local_budget: tuple
+    #: kernels whose serialized WGMMA pipeline the SASS check accepts (:func:`w4a16_moe.loader.sass.serial_rules`):
+    #: ``{"archs": (...), "params": {exact kernel params}, "why": "one line"}`` per rule (a warning); any other
+    #: serialized kernel fails the check. ``()``: none
+    sass_serial_ok: tuple
 
     def config_type(self) -> type:
         """The static config dataclass of one kernel (no DSL import)."""

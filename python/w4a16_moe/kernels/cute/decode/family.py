@@ -506,6 +506,7 @@ class DecodeFamily:
     sass_expect = SASS_EXPECT
     sass_allow_local = ()
     sass_local_budget = SASS_LOCAL_BUDGET
+    sass_serial_ok = ()
     max_grid_y = MAX_GRID_Y
 
     def __repr__(self) -> str:

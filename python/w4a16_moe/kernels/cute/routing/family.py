@@ -147,6 +147,7 @@ class RoutingFamily:
     sass_expect = SASS_EXPECT
     sass_allow_local = ()
     sass_local_budget = ()
+    sass_serial_ok = ()
 
     def __repr__(self) -> str:
         return "KernelFamily(routing)"

@@ -236,6 +236,7 @@ class WarpFamily:
     sass_expect = ("HMMA",)
     sass_allow_local = ()
     sass_local_budget = ()
+    sass_serial_ok = ()
     max_grid_y = MAX_GRID_Y
 
     def __repr__(self) -> str:
