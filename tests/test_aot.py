@@ -244,5 +244,11 @@ def test_smoke_build_sass(smoke_build):
     assert all((k["family"], k["arch"]) in allowed or k["local_budget"] or k["serial_ok"]
                for k in rep["kernels"] if k["warnings"])
     assert all(k["serial_ok"] for k in rep["kernels"] if k["wgmma_serialized"])
+    # the detector on real kernels: the smoke set has TN 8 tiles at 4 CTAs per SM (serialized by ptxas, accepted)
+    # and overlapped ones (docs/perf/2026-12-04-wgmma-serial)
+    sm90 = by_fam["sm90_w4a16_gemm"]
+    serial = [k for k in sm90 if k["wgmma_serialized"]]
+    assert serial and all(k["serial_ok"]["params"]["tokens_per_tile"] in (8, 112, 128) for k in serial)
+    assert any(not k["wgmma_serialized"] and k["opcodes"]["HGMMA"] > 1 for k in sm90)
     assert fams["sm90_w4a16_gemm"]["sass_local_budget"] == list(sass.default_local_budget()["sm90_w4a16_gemm"])
     assert fams["sm90_w4a16_gemm"]["sass_serial_ok"] == list(sass.default_serial_ok()["sm90_w4a16_gemm"])
