@@ -18,8 +18,8 @@ back to its kernel.
     else (exported objects, a manifest written before budgets) the family registry (:func:`default_local_budget`);
   - any amount where the family accepts local memory on an arch (manifest ``families[f].sass_allow_local``) or
     ``--allow-local`` names the family: a warning;
-* a WGMMA pipeline that ``ptxas`` kept (:func:`wgmma_serialized`): where a kernel's registers run short, ptxas
-  makes every ``HGMMA`` a commit group of its own and waits for it to finish (``WARPGROUP.DEPBAR.LE gsb0, 0x0``)
+* no WGMMA pipeline that ``ptxas`` serialized (:func:`wgmma_serialized`): where a kernel's registers run short,
+  ptxas makes every ``HGMMA`` a commit group of its own and waits for it to finish (``WARPGROUP.DEPBAR.LE gsb0, 0x0``)
   before the next instruction, so the warpgroup's decode and its tensor-core work no longer overlap (its
   advisory "wgmma.mma_async instructions are serialized" is not shown by the DSL). Such a kernel is a problem,
   except where a rule of its family accepts it (``sass_serial_ok``: archs, exact kernel params, why; a warning):
