@@ -145,50 +145,58 @@ def _kernels() -> list:
     ]
 
 
-@pytest.fixture
-def fake_sass(monkeypatch):
-    """``check_dir`` without nvdisasm: a "library" holds one line ``cubin <name>`` per kernel, each line a cubin
-    whose disassembly is the kernel's canned opcodes."""
-    listing = {}
+def _fake_tree(monkeypatch):
+    """``check_dir`` without nvdisasm: ``write(d, layout, kernels, families=None)`` writes ``kernels`` (``(name,
+    family, params, [disassembly of each cubin])``) as exported objects or as a prebuilt directory (``families``: the
+    manifest's table, default what the AOT build records); a "library" holds one line ``cubin <name> <i>`` per
+    cubin, whose disassembly is the given text."""
+    texts = {}
 
     def extract(data: bytes) -> list:
         return [sass.Cubin(i, line, 90) for i, line in enumerate(data.splitlines()) if line.startswith(b"cubin ")]
 
-    def disassemble(data: bytes, tool=None) -> str:
-        return "".join(f"        /*{i * 16:04x}*/                   {op}.X R0, R1 ;\n"
-                       for i, op in enumerate(listing[data].elements()))
-
     monkeypatch.setattr(sass, "find_nvdisasm", lambda: Path("/fake/nvdisasm"))
     monkeypatch.setattr(sass, "extract_cubins", extract)
-    monkeypatch.setattr(sass, "disassemble", disassemble)
+    monkeypatch.setattr(sass, "disassemble", lambda data, tool=None: texts[data])
 
-    def write(d: Path, layout: str, families: dict = None) -> Path:
-        """The kernels of :func:`_kernels` as exported objects or as a prebuilt directory (``families``:
-        the manifest's table, default what the AOT build records)."""
-        recs = []
-        for name, fam, params, ops, _ in _kernels():
-            data = f"cubin {name}".encode()
-            listing[data] = Counter(ops)
-            recs.append({"name": name, "family": fam, "params": params,
-                         "cubins": [{"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "sm": 90}]})
+    def write(d: Path, layout: str, kernels: list, families: dict = None) -> Path:
         d.mkdir()
+        recs, libs = [], []
+        for name, fam, params, cubins in kernels:
+            datas = [f"cubin {name} {i}".encode() for i in range(len(cubins))]
+            texts.update(zip(datas, cubins))
+            libs.append(b"".join(x + b"\n" for x in datas))
+            recs.append({"name": name, "family": fam, "params": params,
+                         "cubins": [{"sha256": hashlib.sha256(x).hexdigest(), "size": len(x), "sm": 90} for x in datas]})
         if layout == "objects":
-            for r in recs:
-                (d / f"{r['name']}.o").write_bytes(f"cubin {r['name']}\n".encode())
-                spec = {k: r[k] for k in ("name", "family", "params")}
-                side = {"arch": "sm_90a", "spec": spec, "cubins": r["cubins"]}
+            for r, lib in zip(recs, libs):
+                (d / f"{r['name']}.o").write_bytes(lib)
+                side = {"arch": "sm_90a", "spec": {k: r[k] for k in ("name", "family", "params")}, "cubins": r["cubins"]}
                 (d / f"{r['name']}.json").write_text(json.dumps(side))
             return d
-        if families is None:
-            families = _recorded_families()
         (d / "sm_90a").mkdir()
-        (d / "sm_90a" / "kernels.so").write_bytes(b"".join(f"cubin {r['name']}\n".encode() for r in recs))
+        (d / "sm_90a" / "kernels.so").write_bytes(b"".join(libs))
         (d / "sm_90a" / "meta.json").write_text(json.dumps({"arch": "sm_90a", "kernels": recs}))
         (d / "manifest.json").write_text(json.dumps({
-            "families": families, "libraries": [{"file": "sm_90a/kernels.so", "meta": "sm_90a/meta.json"}]}))
+            "families": _recorded_families() if families is None else families,
+            "libraries": [{"file": "sm_90a/kernels.so", "meta": "sm_90a/meta.json"}]}))
         return d
 
     return write
+
+
+@pytest.fixture
+def fake_sass(monkeypatch):
+    """The kernels of :func:`_kernels`, each one cubin whose disassembly is its canned opcodes (:func:`_fake_tree`):
+    ``write(d, layout, families=None)``."""
+    write = _fake_tree(monkeypatch)
+
+    def listing(ops: dict) -> str:
+        return "".join(f"        /*{i * 16:04x}*/                   {op}.X R0, R1 ;\n"
+                       for i, op in enumerate(Counter(ops).elements()))
+
+    kernels = [(name, fam, params, [listing(ops)]) for name, fam, params, ops, _ in _kernels()]
+    return lambda d, layout, families=None: write(d, layout, kernels, families)
 
 
 def _recorded_families() -> dict:
@@ -373,50 +381,17 @@ def test_registered_serial_rules():
 
 @pytest.fixture
 def fake_serial(monkeypatch):
-    """A prebuilt directory (or exported objects) of four SM90 kernels with canned disassembly: a serialized TN 112
-    kernel (a rule accepts it), a serialized TN 96 kernel (no rule), an overlapped TN 112 setmaxnreg kernel, and a
-    serialized kernel whose two cubins differ (only one serialized)."""
-    texts = {}
-
-    def extract(data: bytes) -> list:
-        return [sass.Cubin(i, line, 90) for i, line in enumerate(data.splitlines()) if line.startswith(b"cubin ")]
-
-    monkeypatch.setattr(sass, "find_nvdisasm", lambda: Path("/fake/nvdisasm"))
-    monkeypatch.setattr(sass, "extract_cubins", extract)
-    monkeypatch.setattr(sass, "disassemble", lambda data, tool=None: texts[data])
+    """Four SM90 kernels with canned disassembly (:func:`_fake_tree`): a serialized TN 112 kernel (a rule accepts
+    it), a serialized TN 96 kernel (no rule), an overlapped TN 112 setmaxnreg kernel, and a kernel of two cubins of
+    which one is serialized: ``write(d, layout, families=None)``."""
+    write = _fake_tree(monkeypatch)
     serial, overlapped = _sass(*[1] * 8, waits0=8), _sass(4, 4, waits0=1, waits1=1)
-    kernels = [("t112", {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
-                [serial]),
-               ("t96", {"tokens_per_tile": 96, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False}, [serial]),
-               ("t112_mr", {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": True},
-                [overlapped]),
-               ("t96_two", {"tokens_per_tile": 96, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
-                [overlapped, serial])]
-
-    def write(d: Path, layout: str, families: dict = None) -> Path:
-        d.mkdir()
-        recs = []
-        for name, params, cubins in kernels:
-            datas = [f"cubin {name} {i}".encode() for i in range(len(cubins))]
-            texts.update(zip(datas, cubins))
-            recs.append({"name": name, "family": SM90, "params": params,
-                         "cubins": [{"sha256": hashlib.sha256(x).hexdigest(), "size": len(x), "sm": 90} for x in datas]})
-        if layout == "objects":
-            for r, (name, _, cubins) in zip(recs, kernels):
-                (d / f"{name}.o").write_bytes(b"".join(f"cubin {name} {i}\n".encode() for i in range(len(cubins))))
-                side = {"arch": "sm_90a", "spec": {k: r[k] for k in ("name", "family", "params")}, "cubins": r["cubins"]}
-                (d / f"{name}.json").write_text(json.dumps(side))
-            return d
-        (d / "sm_90a").mkdir()
-        (d / "sm_90a" / "kernels.so").write_bytes(
-            b"".join(f"cubin {name} {i}\n".encode() for name, _, cubins in kernels for i in range(len(cubins))))
-        (d / "sm_90a" / "meta.json").write_text(json.dumps({"arch": "sm_90a", "kernels": recs}))
-        (d / "manifest.json").write_text(json.dumps({
-            "families": _recorded_families() if families is None else families,
-            "libraries": [{"file": "sm_90a/kernels.so", "meta": "sm_90a/meta.json"}]}))
-        return d
-
-    return write
+    wide = {"m64_per_block": 4, "consumer_wgs": 2}
+    kernels = [("t112", SM90, {"tokens_per_tile": 112, **wide, "setmaxnreg": False}, [serial]),
+               ("t96", SM90, {"tokens_per_tile": 96, **wide, "setmaxnreg": False}, [serial]),
+               ("t112_mr", SM90, {"tokens_per_tile": 112, **wide, "setmaxnreg": True}, [overlapped]),
+               ("t96_two", SM90, {"tokens_per_tile": 96, **wide, "setmaxnreg": False}, [overlapped, serial])]
+    return lambda d, layout, families=None: write(d, layout, kernels, families)
 
 
 @pytest.mark.parametrize("layout", ["manifest", "objects"])

@@ -4,19 +4,20 @@ Enumerates the declared kernel variants (the same specs the JIT compiles on firs
 family that supports each requested arch, cross-compiles them (no GPU needed) in a pool of ``-j``
 processes with a progress display, links one self-contained shared library per arch
 (``DIR/<arch>/kernels.so`` + ``meta.json``) and writes ``DIR/manifest.json`` (spec names, archs, package
-version, DSL version, source hashes, the families, the SASS each must show and the local memory each
-accepts). Point ``W4A16_MOE_PREBUILT_DIR`` at DIR, or build the wheel (``W4A16_MOE_AOT_ARCHS``, see
-``CMakeLists.txt``).
+version, DSL version, source hashes, the families, the SASS each must show, the local memory and the
+serialized WGMMA pipelines each accepts). Point ``W4A16_MOE_PREBUILT_DIR`` at DIR, or build the wheel
+(``W4A16_MOE_AOT_ARCHS``, see ``CMakeLists.txt``).
 
 Families: the family registry (:mod:`w4a16_moe.kernels.cute.registry`, :data:`FAMILY_MODULES`); each
 family's ``DESCRIPTOR`` gives its spec family, archs, ``aot_variants(subset)``, the SASS its kernels must show,
-the archs on which local memory is only a warning and its per-kernel local-memory budgets
-(:func:`w4a16_moe.loader.sass.budget_rules`); the manifest's ``families`` table records these rules, so the
+the archs on which local memory is only a warning, its per-kernel local-memory budgets
+(:func:`w4a16_moe.loader.sass.budget_rules`) and the kernels whose serialized WGMMA pipeline it accepts
+(:func:`w4a16_moe.loader.sass.serial_rules`); the manifest's ``families`` table records these rules, so the
 SASS check of a built directory needs only the manifest. ``--families`` may name other modules, which declare
 ``FAMILY``, ``ARCHS``, ``aot_variants`` and optionally ``SASS_EXPECT`` / ``SASS_ALLOW_LOCAL`` (archs, or True)
-/ ``SASS_LOCAL_BUDGET`` as module attributes. A family module that is not in this version is reported and
-skipped; an arch no family supports gets no library, and the build says so (``--archs`` with no kernels at all
-is an error).
+/ ``SASS_LOCAL_BUDGET`` / ``SASS_SERIAL_OK`` as module attributes. A family module that is not in this version
+is reported and skipped; an arch no family supports gets no library, and the build says so (``--archs`` with no
+kernels at all is an error).
 
 Subsets: ``full`` = every variant the providers can select; ``smoke`` = a small subset per family
 (SM90: int4_g32 / int4_g128, BF16, SwiGLU, both finalize modes, all tile buckets).

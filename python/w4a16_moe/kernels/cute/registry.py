@@ -6,8 +6,8 @@ order of preference on a device; everything that needs to know the families read
 
 * the loader (:func:`w4a16_moe.loader.spec.get_family`): compile function and source modules of a spec family;
 * the AOT build (:mod:`w4a16_moe.aot`): archs and variant sets per subset;
-* the SASS check (:mod:`w4a16_moe.loader.sass`): the instructions each family's kernels must contain and
-  the local memory it accepts;
+* the SASS check (:mod:`w4a16_moe.loader.sass`): the instructions each family's kernels must contain, the
+  local memory and the serialized WGMMA pipelines it accepts;
 * the CuTe provider and ``doctor``: which family serves a device, its configs, packed layouts and checks.
 
 Adding a family: its own package (config, kernel, ``family.py`` with ``DESCRIPTOR``), plus one line in
