@@ -252,3 +252,14 @@ def test_smoke_build_sass(smoke_build):
     assert any(not k["wgmma_serialized"] and k["opcodes"]["HGMMA"] > 1 for k in sm90)
     assert fams["sm90_w4a16_gemm"]["sass_local_budget"] == list(sass.default_local_budget()["sm90_w4a16_gemm"])
     assert fams["sm90_w4a16_gemm"]["sass_serial_ok"] == list(sass.default_serial_ok()["sm90_w4a16_gemm"])
+    # every kernel's register count (read from its cubins) is within what its launch bounds leave a thread when
+    # min_ctas_per_sm CTAs share the 64K registers of an SM (8-register allocation steps, at most 255): the CTAs
+    # per SM the tile was designed for fit
+    params = {k["name"]: k["params"] for k in json.loads((out / "manifest.json").read_text())["kernels"]}
+    assert all(isinstance(k["registers"], int) and 0 < k["registers"] <= 255 for k in rep["kernels"])
+    for k in sm90 + by_fam.get("warp_w4a16_gemm", []):
+        p = params[k["name"]]
+        threads = 128 * (1 + p["consumer_wgs"]) if "consumer_wgs" in p else 32 * p["warps"]
+        cap = min(255, 65536 // (max(1, p["min_ctas_per_sm"]) * threads) // 8 * 8)
+        assert k["registers"] <= cap, (k["name"], k["registers"], cap)
+    assert any(params[k["name"]]["min_ctas_per_sm"] == 4 and k["registers"] <= 64 for k in sm90)

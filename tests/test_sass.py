@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import struct
 from collections import Counter
 from pathlib import Path
 
@@ -158,6 +159,7 @@ def _fake_tree(monkeypatch):
     monkeypatch.setattr(sass, "find_nvdisasm", lambda: Path("/fake/nvdisasm"))
     monkeypatch.setattr(sass, "extract_cubins", extract)
     monkeypatch.setattr(sass, "disassemble", lambda data, tool=None: texts[data])
+    monkeypatch.setattr(sass, "register_counts", lambda data: [])  # (no ELF images here)
 
     def write(d: Path, layout: str, kernels: list, families: dict = None) -> Path:
         d.mkdir()
@@ -428,3 +430,46 @@ def test_check_dir_serial_rules_from_the_manifest(fake_serial, tmp_path, capsys)
     bad = fake_serial(tmp_path / "bad", "manifest", {**fams, SM90: {**fams[SM90], "sass_serial_ok": [{"why": "x"}]}})
     assert sass.main([str(bad)]) == 2
     assert "serialized-WGMMA rule 0" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ register counts
+def _cuda_elf(sections: list) -> bytes:
+    """A minimal 64-bit little-endian CUDA ELF image with ``sections`` (``(name, bytes)``) after a null section
+    and ``.shstrtab``; no program headers."""
+    names = [b".shstrtab"] + [n.encode() for n, _ in sections]
+    strtab, offs = b"\0", []
+    for n in names:
+        offs.append(len(strtab))
+        strtab += n + b"\0"
+    bodies = [strtab] + [b for _, b in sections]
+    data, pos, where = b"", 64, []
+    for b in bodies:
+        where.append(pos)
+        data += b + b"\0" * (-len(b) % 8)
+        pos += len(b) + (-len(b) % 8)
+    shoff = pos
+    shdrs = b"\0" * 64  # the null section
+    for i, (b, off) in enumerate(zip(bodies, where)):
+        sh_type = 3 if i == 0 else 0x70000000  # SHT_STRTAB, then CUDA info sections (SHT_LOPROC)
+        shdrs += struct.pack("<IIQQQQIIQQ", offs[i], sh_type, 0, 0, off, len(b), 0, 0, 4, 0)
+    ident = b"\x7fELF" + bytes([2, 1, 1, 0x41]) + b"\0" * 8
+    head = ident + struct.pack("<HHIQQQIHHHHHH", 2, sass.EM_CUDA, 1, 0, 0, shoff, 0x5a05a, 64, 0, 0, 64,
+                               len(bodies) + 1, 1)
+    return head + data + shdrs
+
+
+def _rec(fmt: int, attr: int, payload: bytes = b"", value: int = 0) -> bytes:
+    return struct.pack("<BBH", fmt, attr, len(payload) if fmt == 4 else value) + payload
+
+
+def test_register_counts_reads_the_nv_info_records():
+    info = (_rec(1, 0x36) + _rec(3, 0x04, value=7) + _rec(4, 0x2F, struct.pack("<II", 5, 40))
+            + _rec(4, 0x1C, struct.pack("<III", 1, 2, 3)) + _rec(4, 0x2F, struct.pack("<II", 6, 168)))
+    per_kernel = _rec(4, 0x2F, struct.pack("<I", 77)) + _rec(3, 0x2F, value=96)
+    decoy = _rec(4, 0x2F, struct.pack("<II", 1, 999))  # the same bytes outside an .nv.info section: not read
+    img = _cuda_elf([(".nv.info", info), (".text.k", decoy), (".nv.info.k", per_kernel)])
+    assert sass.extract_cubins(b"xx" + img + b"yy")[0].data == img
+    assert sass.register_counts(img) == [40, 168, 77, 96]
+    assert sass.register_counts(_cuda_elf([(".text.k", decoy)])) == []
+    with pytest.raises(ValueError, match="not a 64-bit little-endian CUDA ELF"):
+        sass.register_counts(b"\x7fELF" + b"\0" * 100)

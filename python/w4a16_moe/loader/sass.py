@@ -27,6 +27,9 @@ back to its kernel.
   (:func:`default_serial_ok`);
 * every kernel has its cubin and every cubin belongs to a kernel.
 
+The report also gives each kernel's register count (:func:`register_counts`, read from the cubins' ``.nv.info``
+sections, as ``cuobjdump --dump-resource-usage`` prints it): what decides how many CTAs share an SM.
+
 ``DIR`` is a prebuilt directory (``manifest.json`` + ``<arch>/meta.json`` + libraries, e.g. an installed
 ``w4a16_moe/_prebuilt``) or a directory of exported objects (``<name>.o`` + sidecar ``<name>.json``).
 
@@ -146,6 +149,47 @@ def extract_cubins(data: bytes) -> list:
         (flags,) = struct.unpack_from("<I", data, i + 0x30)
         out.append(Cubin(i, bytes(data[i : i + end]), (flags >> 8) & 0xFF))
         pos = i + end
+
+
+#: ``.nv.info`` attribute of a function's register count, and the record format with a payload (every record
+#: starts on a 4-byte grid: format, attribute, then a 16-bit value, or for ``SVAL`` a 16-bit payload size and the
+#: payload)
+EIATTR_REGCOUNT = 0x2F
+_EIFMT_SVAL = 0x04
+
+
+def register_counts(cubin: bytes) -> list:
+    """The register count of each function of one cubin (the ``EIATTR_REGCOUNT`` records of its ``.nv.info``
+    sections, in order): what ``cuobjdump --dump-resource-usage`` prints as ``REG``, read without a tool.
+    ValueError where the image is not a 64-bit CUDA ELF."""
+    if _elf_end(cubin, 0) is None:
+        raise ValueError("not a 64-bit little-endian CUDA ELF image")
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<I4xQQQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    str_off = heads[shstrndx][3]
+
+    def name(off: int) -> bytes:
+        start = str_off + off
+        return cubin[start:cubin.index(b"\0", start)]
+
+    out = []
+    for sh_name, _flags, _addr, off, size in heads:
+        if not name(sh_name).startswith(b".nv.info"):
+            continue
+        p, end = off, off + size
+        while p + 4 <= end:
+            fmt, attr, val = struct.unpack_from("<BBH", cubin, p)
+            if fmt == _EIFMT_SVAL:
+                if attr == EIATTR_REGCOUNT and val >= 4:
+                    # (function symbol, count), or the count alone
+                    out.append(struct.unpack_from("<I", cubin, p + 4 + (4 if val >= 8 else 0))[0])
+                p += 4 + val
+            else:
+                if attr == EIATTR_REGCOUNT:
+                    out.append(val)
+                p += 4
+    return out
 
 
 def find_nvdisasm() -> Path:
@@ -350,8 +394,9 @@ def _kernel_sets(d: Path) -> tuple:
 
 def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[str] = ()) -> dict:
     """Check every kernel under ``directory`` (see the module docstring). Returns
-    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "expect", "local_budget",
-    "wgmma_serialized", "serial_ok", "problems", "warnings"}], "problems", "warnings"}`` (``local_budget``: the
+    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "registers", "expect",
+    "local_budget", "wgmma_serialized", "serial_ok", "problems", "warnings"}], "problems", "warnings"}``
+    (``registers``: the most any function of the kernel uses, :func:`register_counts`; ``local_budget``: the
     kernel's budget rule, or None; ``wgmma_serialized``: :func:`wgmma_serialized`'s finding, or None; ``serial_ok``:
     the rule accepting it, or None).
     Families in ``allow_local`` may use local memory (reported as warnings)."""
@@ -380,6 +425,7 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
         k, arch, path, cubins = item
         ops = Counter()
         found = []
+        regs = max((r for c in cubins for r in register_counts(c.data)), default=None)
         for c in cubins:
             text = disassemble(c.data, tool)
             ops.update(opcode_counts(text))
@@ -395,6 +441,7 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
         warns = check_local(ops, allow, budget)[1] + swarns
         return {"warnings": warns, "name": k["name"], "family": k["family"], "arch": arch, "file": str(path),
                 "opcodes": {x: ops.get(x, 0) for x in REPORTED if ops.get(x)}, "instructions": sum(ops.values()),
+                "registers": regs,
                 "expect": list(exp) if exp is not None else None, "local_budget": budget, "wgmma_serialized": why,
                 "serial_ok": rule, "problems": probs}
 
