@@ -270,7 +270,7 @@ def test_main_reports_budgets(fake_sass, tmp_path, capsys):
     assert "sass: warning nvfp4_up_5_2 (sm_90a): 5 LDL, 2 STL: local memory within the kernel's budget (LDL <= 5, " \
            "STL <= 2: NVFP4" in out
     assert "sass: PROBLEM nvfp4_up_6_2 (sm_90a): 6 LDL instruction(s): local memory over the kernel's budget" in out
-    assert "sass: FAILED: 9 kernel(s)" in out
+    assert "sass: FAILED: 9 kernel(s)" in out and "registers" not in out  # (no register counts in fake cubins)
     assert sass.main([str(d), "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert {k["name"]: (k["local_budget"] or {}).get("LDL") for k in rep["kernels"]}["nvfp4_up_5_2"] == 5
@@ -473,3 +473,14 @@ def test_register_counts_reads_the_nv_info_records():
     assert sass.register_counts(_cuda_elf([(".text.k", decoy)])) == []
     with pytest.raises(ValueError, match="not a 64-bit little-endian CUDA ELF"):
         sass.register_counts(b"\x7fELF" + b"\0" * 100)
+
+
+def test_main_reports_registers(fake_sass, tmp_path, capsys, monkeypatch):
+    d = fake_sass(tmp_path / "d", "manifest")
+    monkeypatch.setattr(sass, "register_counts", lambda data: [40 + len(data) % 100])
+    assert sass.main([str(d), "--kernels"]) == 1
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if ": registers " in line]
+    assert len(rows) == 9 and all(re.search(r": registers \d+, \{", r) for r in rows)
+    assert re.search(r"sm90_w4a16_gemm: 6 kernel\(s\), .*; registers \d+-\d+;", out)
+    assert sass.main([str(d)]) == 1 and ": registers " not in capsys.readouterr().out

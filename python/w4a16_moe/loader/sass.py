@@ -1,4 +1,4 @@
-"""SASS checks of built kernels, without a GPU: ``python -m w4a16_moe.loader.sass DIR [--json]``.
+"""SASS checks of built kernels, without a GPU: ``python -m w4a16_moe.loader.sass DIR [--json] [--kernels]``.
 
 The CuTe DSL embeds each kernel's cubin (a CUDA ELF image) as plain data in the exported ``.o``; linking
 copies it byte for byte into the kernel library. :func:`extract_cubins` finds those images in any file
@@ -463,6 +463,8 @@ def main(argv: Optional[list] = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=None)
     ap.add_argument("--allow-local", default="", help="comma-separated families whose local-memory use is only "
                     "a warning (default: none, local memory fails the check)")
+    ap.add_argument("--kernels", action="store_true", help="also one line per kernel: registers, the reported "
+                    "opcodes, a serialized WGMMA pipeline")
     a = ap.parse_args(argv)
     try:
         rep = check_dir(a.dir, a.jobs, tuple(f for f in a.allow_local.split(",") if f))
@@ -482,9 +484,15 @@ def main(argv: Optional[list] = None) -> int:
             exp = ks[0]["expect"]
             nb = sum(1 for k in ks if k["local_budget"])
             ns = sum(1 for k in ks if k["wgmma_serialized"])
+            regs = [k["registers"] for k in ks if k["registers"] is not None]
             print(f"sass: {arch} {fam}: {n} kernel(s), expect {exp if exp is not None else 'nothing declared'}; "
-                  f"totals {dict(tot) or '{}'}" + (f"; {nb} with a local-memory budget" if nb else "")
+                  f"totals {dict(tot) or '{}'}" + (f"; registers {min(regs)}-{max(regs)}" if regs else "")
+                  + (f"; {nb} with a local-memory budget" if nb else "")
                   + (f"; {ns} with a serialized WGMMA pipeline" if ns else ""))
+        if a.kernels:
+            for k in sorted(rep["kernels"], key=lambda k: (k["arch"], k["family"], k["name"])):
+                print(f"sass: {k['arch']} {k['name']}: registers {k['registers']}, {k['opcodes'] or '{}'}"
+                      + (", WGMMA serialized" if k["wgmma_serialized"] else ""))
         for w in rep["warnings"]:
             print(f"sass: warning {w}")
         for p in rep["problems"]:
