@@ -10,9 +10,9 @@ minimise the relative squared error are kept (a coefficient that would come out 
 must not go below zero on layers outside the sweep). A choice needs observations on at least
 ``--min-rows`` rows; rows outside the layers the family lets the model choose it for
 (``sm90.family.in_model_domain``: the ping-pong down GEMMs only where their activation tile stays resident) are
-not used. Sweeps after ``--extend`` add choices: their rows fit only the choices no main sweep measured, so
-the entries fitted on the main sweeps stay as they are (new tile shapes timed beside the defaults extend the
-model without re-fitting it on another day's clocks).
+not used. Sweeps after ``--extend`` add choices: each one's rows fit only the choices that neither the main sweeps
+nor an earlier ``--extend`` sweep measured, so the entries fitted before stay as they are (new tile shapes timed
+beside the defaults extend the model without re-fitting it on another day's clocks).
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def main(argv=None) -> int:
     fitted = frozenset(obs)  # the choices the main sweeps fit: extension rows leave them alone
     for path in args.extend:
         _observe(path, obs, devices, skip=fitted)
+        fitted = frozenset(obs)  # and a later extension leaves the earlier ones' choices alone
     if len(devices) != 1:
         raise SystemExit(f"sweeps from more than one device: {sorted(devices)}")
     (device, sms), = devices

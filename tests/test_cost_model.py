@@ -26,9 +26,11 @@ PERF = os.path.join("docs", "perf")
 #: the sweeps the shipped model is fitted on (paths relative to the checkout, as the model's "sources" name them)
 FIT = [os.path.join(PERF, "2026-12-01-row-streaming", f)
        for f in ("sweep_int4_g128.json", "sweep_short_k_a.json", "sweep_short_k_b.json", "sweep_short_k_c.json")]
-#: sweeps that extend the fit with choices the FIT sweeps never timed (TN 96 / 112 with four widths, timed beside
-#: the defaults on 10 layers at 16-4096 tokens); they leave the FIT sweeps' entries as they are
-EXTEND = [os.path.join(PERF, "2026-12-04-wide-tiles", "explore_wide.json")]
+#: sweeps that extend the fit with choices the sweeps before them never timed (TN 96 / 112 with four widths, timed
+#: beside the defaults on 10 layers at 16-4096 tokens; then TN 112 / 128 / 144 with setmaxnreg on 8 layers at
+#: 1024-8192 tokens); they leave the entries fitted before them as they are
+EXTEND = [os.path.join(PERF, "2026-12-04-wide-tiles", "explore_wide.json"),
+          os.path.join(PERF, "2026-12-05-setmaxnreg-tiles", "explore_mr.json")]
 #: sweeps the model never saw: at the fit's kernels, at f09b27b's and at two earlier revisions (their kernels'
 #: down GEMMs loaded route ids in the store loop, docs/perf/2026-12-01-epilogue-t24)
 HELD = [os.path.join(ROOT, PERF, "2026-12-01-row-streaming", "heldout_int4_g128.json"),

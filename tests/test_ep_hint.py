@@ -53,7 +53,7 @@ def test_qwen3_235b_ep8_at_512_tokens_gets_smaller_token_tiles():
     plain = provider.plan(_call(QWEN_EP8, 512), H200)
     hinted = provider.plan(_call(QWEN_EP8, 512, hint=True), H200)
     # all routes local: 4096 routes on 16 experts = 256 per expert; the hint: 512 local routes on ~16 experts
-    assert (plain.family, _tn(plain)) == ("sm90", 96) and plain.note.startswith("cost model: ~")
+    assert (plain.family, _tn(plain)) == ("sm90", 144) and plain.note.startswith("cost model: ~")
     assert hinted.family == "sm90" and _tn(hinted) == 48 and dict(hinted.tiles) == fam.TILES[3][1]
     assert hinted.note.startswith("cost model: ~") and hinted.note.endswith(
         ", EP hint: 16 of 128 experts, ~512.0 local routes on ~16.0 experts")
@@ -80,8 +80,8 @@ def test_deepseek_ep8_rules_with_the_hint():
         4: (("warp", 8), ("decode", None)),  # ~4 local routes on ~3.8 experts: re-read 1.05x
         8: (("warp", 8), ("warp", 8)),  # ~8 local routes on ~7.2 experts: re-read 1.11x
         64: (("warp", 24), ("warp", 8)),  # 512 routes on 32 experts (16 each: TN 24); ~64 local routes on ~28
-        512: (("sm90", 80), ("warp", 24)),  # 512 local routes on 32 experts
-        2048: (("sm90", 96), ("sm90", 80)),
+        512: (("sm90", 144), ("warp", 24)),  # 4096 routes on 32 experts (128 each: TN 144); 512 local routes
+        2048: (("sm90", 144), ("sm90", 80)),
     }
     for t, want in cases.items():
         got = []
@@ -294,7 +294,7 @@ def test_doctor_plans_a_hinted_call():
     hinted = doctor.report(**kw, global_experts=g)
     assert "tokens_per_tile=48" in hinted["cute_plan"] and "EP hint: 16 of 128 experts" in hinted["cute_plan"]
     assert hinted["case"]["global_experts"] == 128 and hinted["case"]["tokens"] == 512
-    assert "tokens_per_tile=96" in doctor.report(**kw)["cute_plan"]
+    assert "tokens_per_tile=144" in doctor.report(**kw)["cute_plan"]
     with pytest.raises(ValueError, match="global_num_experts: must be >= expert_offset"):
         doctor.report(**kw, global_experts=8)
 

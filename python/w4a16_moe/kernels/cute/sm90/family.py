@@ -96,6 +96,14 @@ def _W2_K64(tn: int) -> dict:
     return dict(tokens_per_tile=tn, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2)
 
 
+def _W2_MR(tn: int) -> dict:
+    """:func:`_W2_K64` with four token widths, two k16 blocks per WGMMA group, PDL and ``setmaxnreg`` (56 registers
+    for the producer, 224 for each consumer thread): without it ptxas serializes the WGMMA pipeline of these widths
+    (docs/perf/2026-12-04-wgmma-serial)."""
+    return {**_W2_K64(tn), "tn_variants": 4, "mma_kblocks": 2, "pdl": True, "setmaxnreg": True, "producer_regs": 56,
+            "consumer_regs": 224}
+
+
 _UP_T32 = dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")
 
 
@@ -200,6 +208,9 @@ EXTRA_TILES = (
      "down_mma_kblocks": 4},
     {**_W2_K64(96), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},  # MODEL_TILES (docs/perf/2026-12-04-wide-tiles)
     {**_W2_K64(112), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    _W2_MR(112),  # MODEL_TILES (docs/perf/2026-12-05-setmaxnreg-tiles)
+    _W2_MR(128),
+    _W2_MR(144),
 )
 #: the rule's tiles before its re-fit (candidates 0-4; the new rule's tiles are candidates among these and
 #: :data:`EXTRA_TILES`, so candidate indices, which the tuner's ``--buckets`` and docs/perf use, stay stable)
@@ -424,16 +435,19 @@ def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
 #: tile shapes beyond :data:`TILES` the cost model may choose for INT4 calls (in :func:`selectable_tiles`, so the
 #: full AOT set has them for every INT4 scheme): gate/up TN 32 / 56 with the ping-pong down GEMM of 28 row
 #: blocks per CTA, which streams a short K (I <= 512: TP-sharded experts) at 1.1-1.35 x the speed of the rule's
-#: down tiles from 1024 tokens on (docs/perf/2026-12-01-cost-model); TN 96 / 112 with four token widths, for
-#: 90-130 routes per expert (0.74-0.98 x the time of the TN 80 / 96 tiles where the model picks them on 19
-#: held-out layers, docs/perf/2026-12-04-wide-tiles)
+#: down tiles from 1024 tokens on (docs/perf/2026-12-01-cost-model); TN 96 with four token widths, for 90-130
+#: routes per expert (docs/perf/2026-12-04-wide-tiles); TN 112 / 128 / 144 with four widths and setmaxnreg, whose
+#: WGMMA pipelines ptxas then keeps overlapped: 0.74-0.96 x the time of the old default on 26 of 32 rows at
+#: 1024-8192 tokens (docs/perf/2026-12-05-setmaxnreg-tiles)
 MODEL_TILES = (
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
      "down_mma_kblocks": 4},
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
     {**_W2_K64(96), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
-    {**_W2_K64(112), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    _W2_MR(112),
+    _W2_MR(128),
+    _W2_MR(144),
 )
 assert all(t in CANDIDATES for t in MODEL_TILES), "every model tile must be a candidate"
 
@@ -601,9 +615,9 @@ SASS_SERIAL_OK = (
      "why": "TN 8 at 4 CTAs per SM (64 registers a thread): timed and fitted as built, the decode-size tile of the "
             "rule and the cost model; no unserialized build measured (docs/perf/2026-12-04-wgmma-serial)"},
     {"archs": ("sm_90a",), "params": {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
-     "why": "TN 112 over two warpgroups of two m64 blocks (158 registers): timed and fitted as built "
-            "(docs/perf/2026-12-04-wide-tiles); the setmaxnreg build is not serialized, not yet measured "
-            "(docs/perf/2026-12-04-wgmma-serial)"},
+     "why": "TN 112 over two warpgroups of two m64 blocks (158 registers): a tuner candidate, timed as built "
+            "(docs/perf/2026-12-04-wide-tiles); its setmaxnreg build is not serialized, 0.81-0.94 x its time, and "
+            "the cost model's tile instead (docs/perf/2026-12-05-setmaxnreg-tiles)"},
     {"archs": ("sm_90a",), "params": {"tokens_per_tile": 128, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
      "why": "TN 128 over two warpgroups of two m64 blocks: candidate 4, a tuner-only tile, timed as built "
             "(docs/perf/2026-12-04-wgmma-serial)"},
