@@ -616,8 +616,8 @@ SASS_SERIAL_OK = (
             "rule and the cost model; no unserialized build measured (docs/perf/2026-12-04-wgmma-serial)"},
     {"archs": ("sm_90a",), "params": {"tokens_per_tile": 112, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
      "why": "TN 112 over two warpgroups of two m64 blocks (158 registers): a tuner candidate, timed as built "
-            "(docs/perf/2026-12-04-wide-tiles); its setmaxnreg build is not serialized, 0.81-0.94 x its time, and "
-            "the cost model's tile instead (docs/perf/2026-12-05-setmaxnreg-tiles)"},
+            "(docs/perf/2026-12-04-wide-tiles, docs/perf/2026-12-04-wgmma-serial); its setmaxnreg build is not "
+            "serialized, 0.81-0.94 x its time, and the cost model's tile instead (docs/perf/2026-12-05-setmaxnreg-tiles)"},
     {"archs": ("sm_90a",), "params": {"tokens_per_tile": 128, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
      "why": "TN 128 over two warpgroups of two m64 blocks: candidate 4, a tuner-only tile, timed as built "
             "(docs/perf/2026-12-04-wgmma-serial)"},
