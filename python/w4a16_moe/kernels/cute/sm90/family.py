@@ -96,12 +96,15 @@ def _W2_K64(tn: int) -> dict:
     return dict(tokens_per_tile=tn, m64_per_block=4, k_tile=64, stages=4, consumer_wgs=2)
 
 
+def _W2_V4(tn: int) -> dict:
+    """:func:`_W2_K64` with four token widths, two k16 blocks per WGMMA group and PDL."""
+    return {**_W2_K64(tn), "tn_variants": 4, "mma_kblocks": 2, "pdl": True}
+
+
 def _W2_MR(tn: int) -> dict:
-    """:func:`_W2_K64` with four token widths, two k16 blocks per WGMMA group, PDL and ``setmaxnreg`` (56 registers
-    for the producer, 224 for each consumer thread): without it ptxas serializes the WGMMA pipeline of these widths
-    (docs/perf/2026-12-04-wgmma-serial)."""
-    return {**_W2_K64(tn), "tn_variants": 4, "mma_kblocks": 2, "pdl": True, "setmaxnreg": True, "producer_regs": 56,
-            "consumer_regs": 224}
+    """:func:`_W2_V4` with ``setmaxnreg`` (56 registers for the producer, 224 for each consumer thread): without it
+    ptxas serializes the WGMMA pipeline of the widest of these tiles (docs/perf/2026-12-04-wgmma-serial)."""
+    return {**_W2_V4(tn), "setmaxnreg": True, "producer_regs": 56, "consumer_regs": 224}
 
 
 _UP_T32 = dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")
@@ -200,14 +203,14 @@ EXTRA_TILES = (
      "mma_kblocks": 4},
     {**_W2_K64(80), "mma_kblocks": 2, "pdl": True},
     {**_W2_K64(80), "mma_kblocks": 4, "pdl": True},
-    {**_W2_K64(80), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
-    {**_W2_K64(48), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    _W2_V4(80),
+    _W2_V4(48),
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
     {**_UP_T32, **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 3, "pdl": True,
      "down_mma_kblocks": 4},
-    {**_W2_K64(96), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},  # MODEL_TILES (docs/perf/2026-12-04-wide-tiles)
-    {**_W2_K64(112), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    _W2_V4(96),  # MODEL_TILES (docs/perf/2026-12-04-wide-tiles)
+    _W2_V4(112),
     _W2_MR(112),  # MODEL_TILES (docs/perf/2026-12-05-setmaxnreg-tiles)
     _W2_MR(128),
     _W2_MR(144),
@@ -444,7 +447,7 @@ MODEL_TILES = (
      "down_mma_kblocks": 4},
     {**_up2(56, stages=5), **_pp_down(28, stages=8, b_slots=2, pingpong=2), "down_k_tile": 128, "tn_variants": 4,
      "pdl": True, "mma_kblocks": 4},
-    {**_W2_K64(96), "tn_variants": 4, "mma_kblocks": 2, "pdl": True},
+    _W2_V4(96),
     _W2_MR(112),
     _W2_MR(128),
     _W2_MR(144),
