@@ -173,6 +173,25 @@ def run_cute_moe(w, t, k, *, dtype=torch.bfloat16, activation="swiglu", finalize
     return x, tw, ids, out
 
 
+def replay_on_fresh_data(graph, w, x, tw, ids, out, *, bitwise: bool, tol: float = 0.02):
+    """Write fresh inputs into the captured buffers (two draws over ``w``'s experts), replay ``graph`` with ``out``
+    poisoned, and check it against the reference (NRMSE < ``tol``) and (``bitwise``) the eager deterministic call."""
+    import w4a16_moe as wm
+
+    t, k = ids.shape
+    for seed in (10, 11):
+        x.copy_(torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16))
+        tw2, ids2 = random_routing(t, k, w.num_experts, seed=seed, device="cuda")
+        tw.copy_(tw2)
+        ids.copy_(ids2)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < tol
+        if bitwise:
+            assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
+
+
 def gptq_act_order_layer(e, h, i, *, group=32, sym=True, activation="swiglu", act_order_w13=True,
                          act_order_w2=True, checkpoint_format="gptq", seed=0):
     """A GPTQ layer with random per-expert act order (``g_idx``), quantized and packed like AutoGPTQ

@@ -15,7 +15,7 @@ from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.providers import select_provider
 from w4a16_moe.validate import check_masked_call, check_moe_call
 
-from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, replay_on_fresh_data, run_cute_moe
 
 SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")]
@@ -114,23 +114,6 @@ def test_deterministic_bitwise():
         assert torch.equal(again, out)
 
 
-def _replay_on_fresh_data(graph, w, x, tw, ids, out, *, bitwise: bool):
-    """Write fresh inputs into the captured buffers (two draws over 8 experts), replay ``graph`` with ``out``
-    poisoned, and check it against the reference and (``bitwise``) the eager deterministic call."""
-    t, k = ids.shape
-    for seed in (10, 11):
-        x.copy_(torch.randn(t, w.hidden_size, device="cuda").to(torch.bfloat16))
-        tw2, ids2 = random_routing(t, k, 8, seed=seed, device="cuda")
-        tw.copy_(tw2)
-        ids.copy_(ids2)
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert nrmse(out, wm.reference_moe(x, w, tw, ids)) < TOL
-        if bitwise:
-            assert torch.equal(out, wm.fused_moe(x, w, tw, ids, backend="cute"))
-
-
 def test_cuda_graph_capture_and_replay():
     w = _weights("int4_g32", seed=8)
     k = 4
@@ -142,7 +125,7 @@ def test_cuda_graph_capture_and_replay():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             wm.fused_moe(x, w, tw, ids, backend="cute", out=out)
-        _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
+        replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
 
 
 @pytest.mark.parametrize("backend,decode", [("cute", "0"), ("cute", "1"), ("triton", "0")])
@@ -174,7 +157,7 @@ def test_gptq_act_order_over_h(monkeypatch, backend, decode, group, sym):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             wm.fused_moe(x, w, tw, ids, backend="cute", out=out)
-        _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
+        replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=True)
 
 
 def test_first_use_inside_capture_raises():
@@ -264,7 +247,7 @@ def test_pdl_candidates_in_cuda_graph(bucket, finalize, t):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             wm.fused_moe(x, w, tw, ids, backend="cute", finalize=finalize, out=out)
-        _replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=finalize == "deterministic")
+        replay_on_fresh_data(graph, w, x, tw, ids, out, bitwise=finalize == "deterministic")
 
 
 def test_batch_invariant_mode(monkeypatch):

@@ -29,7 +29,10 @@ class Plan:
             CTAs (1: none).
         configs: the (gate_up, down) kernel configs.
         specs: their kernel spec names.
-        max_tiles: grid y of the grouped GEMMs (an upper bound on the token tiles of any routing).
+        max_tiles: an upper bound on the token tiles of any routing: grid y of the grouped GEMMs, and what their
+            split-K scratch is sized for.
+        grid_tiles: grid y of the grouped GEMMs whose kernels loop over token tiles (``tile_loop``), at most
+            ``max_tiles`` (0: ``max_tiles``).
         counters: split-K tile counters the route preparation zeroes (decode: the arrival counters its
             split kernels use, in the provider's per-device scratch).
         note: anything else selection decided (e.g. the tuned row it used).
@@ -47,6 +50,7 @@ class Plan:
     configs: tuple = ()
     specs: tuple = ()
     max_tiles: int = 0
+    grid_tiles: int = 0
     counters: int = 0
     note: str = ""
     pad: tuple = ()
@@ -60,6 +64,8 @@ class Plan:
         return (f"provider {self.provider}, family {self.family} ({self.arch}){', decode' if self.decode else ''}: "
                 f"{'knobs' if self.decode else 'tiles'} {{{tiles}}}, {'K split' if self.decode else 'split-K'} "
                 f"{self.splits[0]}/{self.splits[1]}, kernels {names}"
+                + (f", grid y {self.grid_tiles} of {self.max_tiles} token tiles" if 0 < self.grid_tiles < self.max_tiles
+                   else "")
                 + (f", padded to H {self.pad[0]}, I {self.pad[1]}" if self.pad else "")
                 + (f" ({self.note})" if self.note else ""))
 

@@ -92,6 +92,11 @@ SETTINGS = (
     Setting("W4A16_MOE_CUTE_DECODE", "cute_decode", "choice", "auto",
             "Route-major decode kernels for small routed calls: `0` never, `1` for every routed call that fits "
             "one launch (tests), `auto` where the selection picks them.", ("auto", "0", "1")),
+    Setting("W4A16_MOE_TILE_LOOP", "tile_loop", "choice", "auto",
+            "Warp-MMA grouped GEMMs as tile-loop kernels, launched with grid y about the expected token tiles "
+            "(CTAs loop over any tiles past it) instead of the bound of any routing: `auto` where that grid is at "
+            "most half the bound (expert-parallel ranks at decode sizes), `1` every warp-MMA call, `0` never.",
+            ("auto", "0", "1")),
     Setting("W4A16_MOE_BATCH_INVARIANT", "batch_invariant", "bool", False,
             "Deterministic calls never split K and never take the decode kernels, so a route's result does not "
             "depend on its batch (expert parallelism then reproduces one GPU bit for bit)."),

@@ -279,6 +279,7 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     act = call.activation
     e = call.experts
     r = call.tokens * call.top_k
+    tiles = _with_tile_loop(fam, tiles, r, e, call.top_k, call.global_experts)
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles, bias=call.has_bias)
     hp, ip, n13 = _padded(fam, up, down, call, sch)
     max_tiles = _max_tiles(r, e, up.tokens_per_tile)
@@ -292,7 +293,46 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     su = fam.num_splits(n13, hp, up, r, e, info.sms, k, g, arch=a) if splits is None else min(splits, hp // up.k_tile)
     sd = fam.num_splits(hp, ip, down, r, e, info.sms, k, g, arch=a) if splits is None else min(splits, ip // down.k_tile)
     return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, hp, note, arch=a,
-                         pad=_pad_field(call, hp, ip))
+                         pad=_pad_field(call, hp, ip), grid_tiles=_grid_tiles(up, down, r, e, k, g, max_tiles))
+
+
+#: ``W4A16_MOE_TILE_LOOP=auto`` (the default) takes the warp-MMA tile-loop kernels where the loop grid is at most
+#: this fraction of the bound (H200, docs/perf/2026-12-05-tile-loop: 0.91-0.95 x at loop / bound 0.26-0.44 on
+#: expert-parallel ranks at decode sizes, 1.00 at 0.24-0.35, 1.01-1.04 at 0.70)
+TILE_LOOP_AUTO_FRACTION = 0.5
+
+
+def _with_tile_loop(fam: KernelFamily, tiles: dict, num_routes: int, num_experts: int, top_k: int,
+                    global_experts) -> dict:
+    """``tiles`` with ``tile_loop`` set where ``W4A16_MOE_TILE_LOOP`` (or a forced loop grid,
+    :func:`.overrides.forced_loop_grid`) asks for the warp-MMA family's tile-loop kernels; else ``tiles``. Only
+    that family loops: the SM90 loop kernels of the study were 1.02-1.06 x slower per tile."""
+    if fam.name != "warp":
+        return tiles
+    mode = settings.get().tile_loop
+    if overrides.current().loop_grid is None:
+        if mode == "0":
+            return tiles
+        if mode == "auto":
+            from .tiles import loop_grid
+
+            tn = tiles["tokens_per_tile"]
+            bound = _max_tiles(num_routes, num_experts, tn)
+            if loop_grid(num_routes, num_experts, tn, top_k, global_experts, bound) > TILE_LOOP_AUTO_FRACTION * bound:
+                return tiles
+    return dict(tiles, tile_loop=True)
+
+
+def _grid_tiles(up, down, num_routes: int, num_experts: int, top_k: int, global_experts, max_tiles: int) -> int:
+    """Grid y of the plan's tile-loop kernels (:func:`.tiles.loop_grid`, or the override's), 0 without them."""
+    if not (getattr(up, "tile_loop", False) or getattr(down, "tile_loop", False)):
+        return 0
+    forced_grid = overrides.current().loop_grid
+    if forced_grid is not None:
+        return min(forced_grid, max_tiles)
+    from .tiles import loop_grid
+
+    return loop_grid(num_routes, num_experts, up.tokens_per_tile, top_k, global_experts, max_tiles)
 
 
 def _padded(fam: KernelFamily, up, down, call, sch) -> tuple:
@@ -314,10 +354,11 @@ def _arch(base: KernelFamily, info: DeviceInfo) -> str:
     return base.archs[0] if len(base.archs) == 1 else info.arch
 
 
-def _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=None, pad=()) -> Plan:
+def _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, arch=None, pad=(), grid_tiles=0) -> Plan:
     counters = max(_counter_tiles(fam, up, n13, max_tiles, su), _counter_tiles(fam, down, h, max_tiles, sd))
     return Plan("cute", fam.name, arch or _arch(fam, info), False, tuple(sorted(tiles.items())), (su, sd),
-                (up, down), (fam.spec_for(up).name, fam.spec_for(down).name), max_tiles, counters, note, pad)
+                (up, down), (fam.spec_for(up).name, fam.spec_for(down).name), max_tiles=max_tiles,
+                grid_tiles=grid_tiles, counters=counters, note=note, pad=pad)
 
 
 def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tuple:
@@ -386,7 +427,8 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
     counters = (dmod.scratch_sizes(up, n13, call.tokens, call.top_k, su)[1]
                 + dmod.scratch_sizes(down, hp, call.tokens, call.top_k, sd)[1])
     return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), (su, sd), (up, down),
-                (dec.spec_for(up).name, dec.spec_for(down).name), 0, counters, note, _pad_field(call, hp, ip))
+                (dec.spec_for(up).name, dec.spec_for(down).name), max_tiles=0, counters=counters, note=note,
+                pad=_pad_field(call, hp, ip))
 
 
 def unavailable_reason(call, info: DeviceInfo) -> Optional[str]:
@@ -512,7 +554,9 @@ def _stream() -> int:
 
 
 def _launch(family, arch, cfg, packed, act, out, routes, topk_weights, num_experts, n, k, num_routes, top_k,
-            max_tiles, splits):
+            max_tiles, splits, grid_tiles=0):
+    """Launch one grouped GEMM: grid y ``max_tiles`` (the tile bound; the split-K scratch is sized for it), or
+    ``grid_tiles`` for a tile-loop kernel (its CTAs loop over the tiles past it)."""
     dev = act.device
     if splits > 1:
         cols = family.rows_per_cta(cfg)
@@ -524,7 +568,8 @@ def _launch(family, arch, cfg, packed, act, out, routes, topk_weights, num_exper
         ws = counters = routes.route_start  # never read when num_splits == 1
     _run_kernel(family, arch, cfg, (packed.data, act, out, routes.sorted_routes, routes.route_start,
                                     routes.block_start, topk_weights, ws, counters),
-                (num_experts, n, k, num_routes, top_k, max_tiles, splits))
+                (num_experts, n, k, num_routes, top_k,
+                 grid_tiles if grid_tiles and getattr(cfg, "tile_loop", False) else max_tiles, splits))
 
 
 def _run_kernel(family, arch, cfg, tensors: tuple, scalars: tuple) -> None:
@@ -642,7 +687,7 @@ def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     # (gate/up kernels never read topk_weights: with biases its slot carries the w13 bias table)
     tw_slot = _bias(weights, "w13", p.pad) if up.bias else topk_weights
     _launch(family, p.arch, up, p13, pad_cols(x, hp), hbuf, routes, tw_slot, weights.num_experts, n13,
-            hp, r, top_k, p.max_tiles, p.splits[0])
+            hp, r, top_k, p.max_tiles, p.splits[0], p.grid_tiles)
     return family, hbuf, routes, p2
 
 
@@ -761,7 +806,8 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
         y = torch.empty(r, hp, dtype=x.dtype, device=x.device)
         # (the y epilogue never reads topk_weights: with biases its slot carries the w2 bias table)
         tw_slot = _bias(weights, "w2", p.pad) if down.bias else tw
-        _launch(family, p.arch, down, p2, hbuf, y, routes, tw_slot, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
+        _launch(family, p.arch, down, p2, hbuf, y, routes, tw_slot, e, hp, ip, r, top_k, p.max_tiles, p.splits[1],
+                p.grid_tiles)
         if hp == h:
             finalize = _routing(p.arch, e)[2]
         else:  # the CuTe finalize reads a dense [R, H] buffer; the Triton one reads y through its row stride
@@ -769,7 +815,8 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
         finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
     else:
         acc = _fused_acc(weights, tw, ids, call.expert_offset, hp, p.pad)  # zeros, or the weighted w2 biases
-        _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
+        _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1],
+                p.grid_tiles)
         out.copy_(acc if hp == h else acc[:, :h])
 
 
@@ -833,7 +880,8 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
     ybuf = y if hp == h else torch.empty(tokens, top_k, hp, dtype=x.dtype, device=x.device)
     down = p.configs[1]
     _launch(family, p.arch, down, p2, hbuf, ybuf.view(r, hp), routes,
-            _bias(weights, "w2", p.pad) if down.bias else dummy_w, e, hp, ip, r, top_k, p.max_tiles, p.splits[1])
+            _bias(weights, "w2", p.pad) if down.bias else dummy_w, e, hp, ip, r, top_k, p.max_tiles, p.splits[1],
+            p.grid_tiles)
     if ybuf is not y:
         y.copy_(ybuf[..., :h])
     return y, valid

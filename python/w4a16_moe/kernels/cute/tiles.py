@@ -15,7 +15,7 @@ import functools
 import math
 from typing import Optional
 
-__all__ = ["routes_per_expert", "active_experts", "expected_local", "expected_tiles", "split_k", "select",
+__all__ = ["routes_per_expert", "active_experts", "expected_local", "expected_tiles", "loop_grid", "split_k", "select",
            "group_param"]
 
 
@@ -86,6 +86,25 @@ def expected_tiles(num_routes: int, num_experts: int, tokens_per_tile: int, top_
     for n in range(lo, hi + 1):
         acc += math.exp(base - math.lgamma(n + 1) - math.lgamma(trials - n + 1) + n * lp + (trials - n) * lq) * -(-n // tn)
     return num_experts * acc
+
+
+#: grid y of a tile-loop launch: the expected token tiles of uniform routing times LOOP_MARGIN, plus LOOP_SLACK
+#: (CTAs past the last tile leave at once; tiles past the grid run on CTA y, y + grid, ...: only where the routing is
+#: skewed well beyond uniform)
+LOOP_MARGIN = 1.125
+LOOP_SLACK = 2
+
+
+def loop_grid(num_routes: int, num_experts: int, tokens_per_tile: int, top_k: Optional[int] = None,
+              global_experts: Optional[int] = None, bound: Optional[int] = None) -> int:
+    """Grid y of a tile-loop grouped GEMM (its CTAs loop over the token tiles past the grid): about the expected
+    tiles (:func:`expected_tiles`) with :data:`LOOP_MARGIN` and :data:`LOOP_SLACK`, at least 1 and at most
+    ``bound`` (the tile bound of any routing, the grid of a kernel without the loop). On an expert-parallel rank
+    (``global_experts``) the expected tiles are a fraction of the bound: the CTAs the bound launches beyond
+    them would find no tile."""
+    g = math.ceil(expected_tiles(num_routes, num_experts, tokens_per_tile, top_k, global_experts) * LOOP_MARGIN)
+    g = max(1, g + LOOP_SLACK)
+    return min(g, bound) if bound else g
 
 
 #: split-K: a split must keep at least this many K tiles, and the FP32 partials it writes and the fix-up

@@ -87,6 +87,9 @@ class WarpGemmConfig:
     # INT4: apply the scales to FP32 partial sums of each scale group instead of to every decoded weight pair
     # where that saves packed multiplies (``scales_in_acc``: groups of >= 64 and few token columns)
     acc_scales: bool = True
+    # the launch's grid y may be smaller than the token-tile bound: each CTA loops over tiles y, y + gridDim.y, ...
+    # below block_start[E] (the host sizes the grid from the expected tiles, see tiles.loop_grid)
+    tile_loop: bool = False
 
     @property
     def gated(self) -> bool:
@@ -165,6 +168,7 @@ class WarpGemmConfig:
         extra = ("" if self.evict_first else "_noef") + (f"_o{self.min_ctas_per_sm}" if self.min_ctas_per_sm > 1 else "")
         extra += f"_r{self.row_blocks}" if self.row_blocks != 8 else ""
         extra += "" if self.acc_scales else "_sw"
+        extra += "_tl" if self.tile_loop else ""
         return (
             f"warp_{self.mode}_{self.dtype}{kind}_g{g}{zp}_w{self.warps}m{self.m16_per_warp}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_{self.epi}{act}{extra}"

@@ -177,9 +177,10 @@ def max_tiles(num_routes: int, num_experts: int, tn: int) -> int:
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), finalizes=("deterministic", "fused"),
-             tiles: Optional[Iterable[dict]] = None, biases=(False,)) -> list:
+             tiles: Optional[Iterable[dict]] = None, biases=(False,), loops=(False, True)) -> list:
     """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4),
-    activations (canonical names) and bias settings."""
+    activations (canonical names) and bias settings, each tile with and without the tile loop (``loops``: the
+    provider's ``W4A16_MOE_TILE_LOOP=auto`` takes the loop kernels of any tile on expert-parallel ranks)."""
     from ....formats.schemes import SCHEMES
     from ..common.codes import is_gated
 
@@ -188,7 +189,8 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:
-            for t in (list(tiles) if tiles is not None else model_tiles(sch)):
+            for t in [dict(t, tile_loop=True) if loop else t
+                      for t in (list(tiles) if tiles is not None else model_tiles(sch)) for loop in loops]:
                 for act in activations:
                     for fin in finalizes:
                         for bias in biases:

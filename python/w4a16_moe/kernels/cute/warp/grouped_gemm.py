@@ -120,6 +120,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from ..common import ptx
 from ..common.codes import (INT4_MAGIC, INT4_SYM_BIAS, NEG_ZERO_X2, ONE_X2, check_activation, check_bias,
@@ -154,6 +156,15 @@ def smem_limit(arch: str) -> int:
 
 
 # ------------------------------------------------------------------------------------------------------------
+
+@dsl_user_op
+def _opaque_i32(v, *, loc=None, ip=None) -> Int32:
+    """``v`` through a volatile ``mov``: the compiler cannot hoist what derives from it out of the tile loop (an
+    invariant hoisted out of the loop body stays live, in registers, across the whole mainloop)."""
+    r = llvm.inline_asm(T.i32(), [Int32(v).ir_value(loc=loc, ip=ip)], "mov.b32 $0, $1;", "=r,r",
+                        has_side_effects=True, loc=loc, ip=ip)
+    return Int32(r)
+
 class WarpW4A16GroupedGemm:
     """One warp-MMA W4A16 grouped-GEMM kernel (static config in ``__init__``; see the module docstring).
 
@@ -327,11 +338,13 @@ class WarpW4A16GroupedGemm:
         st = smem.allocate(self.storage_cls)
         misc_addr = st.misc.data_ptr().toint()
         buf = st.buf.data_ptr().toint()
-        if tidx == 0:
-            ptx.st_shared_b32(misc_addr, -1)
-        cute.arch.sync_threads()
-        # the expert owning this tile: block_start[e] <= tile < block_start[e + 1] (parallel search)
-        e = tile_expert(g_bs, tile, num_experts, tidx, T, misc_addr)
+        e = Int32(-1)
+        if const_expr(not self.cfg.tile_loop):
+            if tidx == 0:
+                ptx.st_shared_b32(misc_addr, -1)
+            cute.arch.sync_threads()
+            # the expert owning this tile: block_start[e] <= tile < block_start[e + 1] (parallel search)
+            e = tile_expert(g_bs, tile, num_experts, tidx, T, misc_addr)
         nb_count = n // self.RB
         # row blocks nb0 .. nb0 + nrb - 1 (streaming: rbc per CTA, the grid being cdiv(nb_count, rbc); else one)
         nb0 = nb
@@ -341,6 +354,31 @@ class WarpW4A16GroupedGemm:
             rbc = (nb_count + gx - 1) // gx
             nb0 = nb * rbc
             nrb = cutlass.min(rbc, nb_count - nb0)
+        if const_expr(self.cfg.tile_loop):
+            # tiles y, y + gridDim.y, ... below block_start[E]; CTAs past the last tile leave at once
+            _, gy, _ = cute.arch.grid_dim()
+            for t in cutlass.range(tile, g_bs[num_experts], gy, unroll=1):
+                # (through an opaque move: what derives from the thread index is not hoisted out of the loop,
+                # where it would stay live across the mainloop)
+                ti = _opaque_i32(tidx)
+                cute.arch.sync_threads()  # the previous tile's epilogue is done with the ring and the misc words
+                if ti == 0:
+                    ptx.st_shared_b32(misc_addr, -1)
+                cute.arch.sync_threads()
+                e = tile_expert(g_bs, t, num_experts, ti, T, misc_addr)
+                o = _opaque_i32
+                self._tile(ti, e, t, o(nb0), o(nrb), o(nb_count), w, act, out, g_rs, g_bs, g_routes, topk_weights, ws,
+                           counters, o(n), o(k), o(num_experts), o(num_routes), o(top_k), o(num_splits), o(split), buf,
+                           o(misc_addr))
+        else:
+            self._tile(tidx, e, tile, nb0, nrb, nb_count, w, act, out, g_rs, g_bs, g_routes, topk_weights, ws,
+                       counters, n, k, num_experts, num_routes, top_k, num_splits, split, buf, misc_addr)
+
+    @cute.jit
+    def _tile(self, tidx, e, tile, nb0, nrb, nb_count, w, act, out, g_rs, g_bs, g_routes, topk_weights, ws, counters,
+              n, k, num_experts, num_routes, top_k, num_splits, split, buf, misc_addr):
+        """Token tile ``tile`` of expert ``e`` (-1: none, nothing to do): row blocks ``nb0 .. nb0 + nrb - 1``."""
+        TN, BK = self.TN, self.BK
         if e >= 0:
             if nrb > 0:
                 kt_total, kt0, nk = split_k_range(k, BK, split, num_splits)
