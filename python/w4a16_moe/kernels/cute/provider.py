@@ -279,21 +279,23 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     act = call.activation
     e = call.experts
     r = call.tokens * call.top_k
-    tiles = _with_tile_loop(fam, tiles, r, e, call.top_k, call.global_experts)
+    g, k = call.global_experts, call.top_k
+    max_tiles = _max_tiles(r, e, tiles["tokens_per_tile"])
+    grid_tiles = _tile_loop_grid(fam, r, e, tiles["tokens_per_tile"], k, g, max_tiles)
+    if grid_tiles:
+        tiles = dict(tiles, tile_loop=True)
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles, bias=call.has_bias)
     hp, ip, n13 = _padded(fam, up, down, call, sch)
-    max_tiles = _max_tiles(r, e, up.tokens_per_tile)
     if call.finalize == "deterministic" and batch_invariant():
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
         # for every tile shape), which is what lets expert parallelism reproduce one GPU bit for bit.
         # Otherwise split-K partials are summed in fixed split order: still bit-identical run to run.
         splits = 1
-    g, k = call.global_experts, call.top_k
     a = _arch(base, info)
     su = fam.num_splits(n13, hp, up, r, e, info.sms, k, g, arch=a) if splits is None else min(splits, hp // up.k_tile)
     sd = fam.num_splits(hp, ip, down, r, e, info.sms, k, g, arch=a) if splits is None else min(splits, ip // down.k_tile)
     return _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, hp, note, arch=a,
-                         pad=_pad_field(call, hp, ip), grid_tiles=_grid_tiles(up, down, r, e, k, g, max_tiles))
+                         pad=_pad_field(call, hp, ip), grid_tiles=grid_tiles)
 
 
 #: ``W4A16_MOE_TILE_LOOP=auto`` (the default) takes the warp-MMA tile-loop kernels where the loop grid is at most
@@ -302,37 +304,23 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
 TILE_LOOP_AUTO_FRACTION = 0.5
 
 
-def _with_tile_loop(fam: KernelFamily, tiles: dict, num_routes: int, num_experts: int, top_k: int,
-                    global_experts) -> dict:
-    """``tiles`` with ``tile_loop`` set where ``W4A16_MOE_TILE_LOOP`` (or a forced loop grid,
-    :func:`.overrides.forced_loop_grid`) asks for the warp-MMA family's tile-loop kernels; else ``tiles``. Only
-    that family loops: the SM90 loop kernels of the study were 1.02-1.06 x slower per tile."""
+def _tile_loop_grid(fam: KernelFamily, num_routes: int, num_experts: int, tn: int, top_k: int, global_experts,
+                    bound: int) -> int:
+    """Grid y of the warp-MMA family's tile-loop kernels where ``W4A16_MOE_TILE_LOOP`` (or a forced loop grid,
+    :func:`.overrides.forced_loop_grid`) asks for them (:func:`.tiles.loop_grid`, at most ``bound``); 0: no loop.
+    Only that family loops: the SM90 loop kernels of the study were 1.02-1.06 x slower per tile."""
     if fam.name != "warp":
-        return tiles
-    mode = settings.get().tile_loop
-    if overrides.current().loop_grid is None:
-        if mode == "0":
-            return tiles
-        if mode == "auto":
-            from .tiles import loop_grid
-
-            tn = tiles["tokens_per_tile"]
-            bound = _max_tiles(num_routes, num_experts, tn)
-            if loop_grid(num_routes, num_experts, tn, top_k, global_experts, bound) > TILE_LOOP_AUTO_FRACTION * bound:
-                return tiles
-    return dict(tiles, tile_loop=True)
-
-
-def _grid_tiles(up, down, num_routes: int, num_experts: int, top_k: int, global_experts, max_tiles: int) -> int:
-    """Grid y of the plan's tile-loop kernels (:func:`.tiles.loop_grid`, or the override's), 0 without them."""
-    if not (getattr(up, "tile_loop", False) or getattr(down, "tile_loop", False)):
         return 0
     forced_grid = overrides.current().loop_grid
     if forced_grid is not None:
-        return min(forced_grid, max_tiles)
+        return min(forced_grid, bound)
+    mode = settings.get().tile_loop
+    if mode == "0":
+        return 0
     from .tiles import loop_grid
 
-    return loop_grid(num_routes, num_experts, up.tokens_per_tile, top_k, global_experts, max_tiles)
+    grid = loop_grid(num_routes, num_experts, tn, top_k, global_experts, bound)
+    return grid if mode == "1" or grid <= TILE_LOOP_AUTO_FRACTION * bound else 0
 
 
 def _padded(fam: KernelFamily, up, down, call, sch) -> tuple:
