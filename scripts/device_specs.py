@@ -9,7 +9,9 @@ NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode
 (``--decode-knobs``, the tuner's), the persistent decode grids the decode GPU tests force (their K splits
 need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``; grouped and decode) tests/test_cute_gpt_oss.py and
 tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`).
-With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+``--tiles FILE ...`` adds the kernels of further SM90 tile dicts (``scripts/explore_tiles.py``'s tile files) for the
+test and benchmark schemes (INT4 g32 / g128, BF16, SwiGLU, both finalizes): tiles an experiment times or forces
+that are no candidates. With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
@@ -97,8 +99,11 @@ def _gpt_oss_test_plans() -> list:
     return out
 
 
-def device_specs(decode_knobs=()) -> list:
+def device_specs(decode_knobs=(), extra_tiles=()) -> list:
     specs = list(subset_specs("full", "sm_90a"))
+    if extra_tiles:
+        specs += fam.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
+                              activations=("swiglu",), tiles=list(extra_tiles))
     for names, fins in ((("int4_g32", "nvfp4"), ("deterministic", "fused")),
                         (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
@@ -130,8 +135,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--decode-knobs", default="", help="comma-separated knob sets, e.g. w8u4/w8u2,w16u4/w8u2")
+    ap.add_argument("--tiles", nargs="*", default=[], help="tile files (a JSON list of SM90 tile dicts, "
+                    "scripts/explore_tiles.py's format) whose kernels the session also needs")
     a = ap.parse_args()
-    specs = device_specs([k for k in a.decode_knobs.split(",") if k])
+    sys.path.insert(0, os.path.dirname(__file__))
+    from explore_tiles import load_tiles
+
+    extra = [t for path in a.tiles for f, t in load_tiles(path) if f == "sm90"]
+    specs = device_specs([k for k in a.decode_knobs.split(",") if k], extra)
     with open(a.out, "w") as f:
         json.dump([s.to_json() for s in specs], f)
     by = {}

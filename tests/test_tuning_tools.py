@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from w4a16_moe.bench.tune import decode_summary
+from w4a16_moe.formats.schemes import get_scheme
 from w4a16_moe.kernels.cute.sm90 import family as fam
 from w4a16_moe.kernels.cute.sm90 import tuned
 from w4a16_moe.kernels.cute.warp import family as warp_family
@@ -189,6 +190,28 @@ def test_explore_tiles_writes_the_specs_of_the_default_plans_and_of_every_tile(t
                    for f, p in params)
     # the default plans of the two calls (a warp tile at 64 tokens, an SM90 rule tile at 2048) are there too
     assert len({s["name"] for s in specs}) == len(specs) == 8
+
+
+def test_device_specs_add_the_kernels_of_extra_tile_files(tmp_path):
+    # the study's wide ping-pong down tiles: no candidates, yet a GPU session that times them needs their kernels
+    tiles_file = os.path.join(ROOT, "docs", "perf", "2026-12-05-prefill-split", "tiles_ppdown.json")
+    pp = [t for t in json.loads(open(tiles_file).read()) if t.get("down_row_blocks_per_cta", 1) > 1]
+    assert pp and not any(t in fam.CANDIDATES for t in pp)
+    out = tmp_path / "specs.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "device_specs.py"), "--out", str(out),
+                        "--tiles", tiles_file], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = {s["name"] for s in json.loads(out.read_text())}
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from device_specs import device_specs
+
+    base = {s.name for s in device_specs()}
+    for t in pp:
+        for scheme in ("int4_g32", "int4_g128"):
+            for fin in ("deterministic", "fused"):
+                for cfg in fam.gemm_configs(get_scheme(scheme), "bf16", "swiglu", True, fin, t):
+                    assert fam.spec_for(cfg).name in names
+    assert base < names
 
 
 def test_explore_tiles_rejects_a_tiles_file_without_tile_dicts(tmp_path):
