@@ -10,8 +10,9 @@ NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode
 need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``; grouped and decode) tests/test_cute_gpt_oss.py and
 tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`).
 ``--tiles FILE ...`` adds the kernels of further SM90 tile dicts (``scripts/explore_tiles.py``'s tile files) for the
-test and benchmark schemes (INT4 g32 / g128, BF16, SwiGLU, both finalizes): tiles an experiment times or forces
-that are no candidates. With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
+test and benchmark schemes (INT4 g32 / g128, BF16, SwiGLU, deterministic finalize: an explored tile's shared memory
+may hold its ``y`` epilogue and not the fused one's FP32 staging): tiles an experiment times or forces that are no
+candidates. With ``--keep-objects`` the exported objects stay in ``.device/prebuilt/.obj``,
 so a rebuild after a kernel change recompiles only the kernels whose spec or sources changed.
 """
 
@@ -103,7 +104,7 @@ def device_specs(decode_knobs=(), extra_tiles=()) -> list:
     specs = list(subset_specs("full", "sm_90a"))
     if extra_tiles:
         specs += fam.variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
-                              activations=("swiglu",), tiles=list(extra_tiles))
+                              activations=("swiglu",), finalizes=("deterministic",), tiles=list(extra_tiles))
     for names, fins in ((("int4_g32", "nvfp4"), ("deterministic", "fused")),
                         (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
