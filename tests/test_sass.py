@@ -484,3 +484,34 @@ def test_main_reports_registers(fake_sass, tmp_path, capsys, monkeypatch):
     assert len(rows) == 9 and all(re.search(r": registers \d+, \{", r) for r in rows)
     assert re.search(r"sm90_w4a16_gemm: 6 kernel\(s\), .*; registers \d+-\d+;", out)
     assert sass.main([str(d)]) == 1 and ": registers " not in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------------
+# compare_dirs with canned disassembly
+# ------------------------------------------------------------------------------------------------------
+def test_compare_dirs_matches_kernels_by_the_params_both_builds_name(monkeypatch, tmp_path, capsys):
+    """Two builds of the same code compare equal whatever their kernel names (a symbol carries the spec's hash) and a
+    field only one build names (a new codegen field); a kernel of another body is different; the rest is unmatched."""
+    write = _fake_tree(monkeypatch)
+    code = ("        /*0000*/                   HGMMA.64x96x16.F32.BF16 R24, gdesc[UR4], R24 ;\n"
+            "        /*0010*/                   CALL.REL.NOINC `(kernel_cutlass_kernel_h1) ;\n")
+    p = {"mode": "down", "tokens_per_tile": 96}
+    a = write(tmp_path / "a", "manifest", [("a96", SM90, p, [code]),
+                                          ("a80", SM90, {**p, "tokens_per_tile": 80}, [code]),
+                                          ("a8", SM90, {**p, "tokens_per_tile": 8}, [code])])
+    b = write(tmp_path / "b", "objects", [
+        ("b96", SM90, {**p, "new": False}, [code.replace("_h1", "_h2")]),
+        ("b80", SM90, {**p, "tokens_per_tile": 80, "new": False}, [code.replace("HGMMA", "HMMA")]),
+        ("b16", SM90, {**p, "tokens_per_tile": 16, "new": False}, [code])])
+    rep = sass.compare_dirs(a, b, workers=2)
+    assert (rep["identical"], rep["different"], rep["only_a"], rep["only_b"]) == (["a96"], ["a80"], ["a8"], ["b16"])
+    assert not rep["ambiguous"] and not rep["problems"]
+    assert sass.main([str(a), "--compare", str(b)]) == 1
+    assert "DIFFERENT: 1 identical, 1 different" in capsys.readouterr().out
+    same = write(tmp_path / "same", "objects", [("s96", SM90, {**p, "new": False}, [code.replace("_h1", "_h3")])])
+    assert sass.main([str(same), "--compare", str(a)]) == 0
+    # a field left out of the match that tells two kernels of one build apart
+    c = write(tmp_path / "c", "objects", [("c0", SM90, {**p, "new": False}, [code]),
+                                         ("c1", SM90, {**p, "new": True}, [code])])
+    assert sorted(sass.compare_dirs(a, c)["ambiguous"]) == ["c0", "c1"]
+    assert sass.main([str(a), "--compare", str(c)]) == 1

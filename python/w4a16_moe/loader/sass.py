@@ -27,6 +27,10 @@ back to its kernel.
   (:func:`default_serial_ok`);
 * every kernel has its cubin and every cubin belongs to a kernel.
 
+:func:`compare_dirs` (``--compare OTHER``) sets two builds side by side: kernels matched by family, arch and the params
+both builds name have the same SASS or not. A change that must leave existing kernels as they were (a refactor of
+kernel code, a new codegen field at its default) is checked this way without a GPU.
+
 The report also gives each kernel's register count (:func:`register_counts`, read from the cubins' ``.nv.info``
 sections, as ``cuobjdump --dump-resource-usage`` prints it): what decides how many CTAs share an SM.
 
@@ -59,7 +63,7 @@ from .. import settings
 
 __all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disassemble", "opcode_counts", "check_opcodes",
            "local_memory", "check_local", "budget_rules", "find_budget", "default_local_budget", "wgmma_serialized",
-           "serial_rules", "default_serial_ok", "check_serial", "check_dir", "main"]
+           "serial_rules", "default_serial_ok", "check_serial", "check_dir", "compare_dirs", "main"]
 
 EM_CUDA = 190
 #: local-memory instructions: no kernel may contain them beyond its budget
@@ -456,6 +460,88 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
             "warnings": warnings}
 
 
+#: kernel symbols in a disassembly (their names carry the spec's hash, which a new codegen field changes)
+_SYMBOL = re.compile(r"\bkernel_cutlass\w*")
+
+
+def _instructions(text: str) -> str:
+    """The instruction lines of a disassembly (address comment, opcode, operands) with every kernel symbol replaced:
+    what two builds of the same code under other kernel names share."""
+    return "\n".join(_SYMBOL.sub("K", line.split(";")[0].strip()) for line in text.splitlines() if "/*" in line)
+
+
+def _by_params(d: Path) -> tuple:
+    """``({(family, arch): [(record, [cubins])]}, problems)`` of one build."""
+    groups = _kernel_sets(d)[0]
+    out, problems = {}, []
+    for path, arch, kernels in groups:
+        found = {c.sha256: c for c in extract_cubins(path.read_bytes())}
+        for k in kernels:
+            hashes = [c["sha256"] for c in k.get("cubins", [])]
+            if not hashes or any(h not in found for h in hashes):
+                problems.append(f"{k['name']} ({arch}): cubin not found in {path}")
+                continue
+            out.setdefault((k["family"], arch), []).append((k, [found[h] for h in hashes]))
+    return out, problems
+
+
+def compare_dirs(a, b, workers: Optional[int] = None) -> dict:
+    """Whether the kernels of two builds ``a`` and ``b`` (prebuilt directories or exported objects) have the same
+    SASS. Kernels are matched by family, arch and the params that every kernel of that family names in both builds:
+    a codegen field one build added (e.g. at its default) is left out of the match, so a change can be checked to
+    leave the kernels it does not mean to change instruction for instruction as they were (kernel symbols, which
+    carry the spec's hash, are masked). Returns ``{"identical", "different", "only_a", "only_b", "ambiguous",
+    "problems"}``: lists of ``a``'s kernel names (``only_b``: ``b``'s); ``ambiguous``: kernels of either build that
+    share their match key with another kernel of the same build (they differ only in a field left out)."""
+    tool = find_nvdisasm()
+    (ka, pa), (kb, pb) = _by_params(Path(a)), _by_params(Path(b))
+    res = {"identical": [], "different": [], "only_a": [], "only_b": [], "ambiguous": [], "problems": pa + pb}
+    pairs = []
+    for fa in sorted(set(ka) | set(kb)):
+        side_a, side_b = ka.get(fa, []), kb.get(fa, [])
+        common = None
+        for k, _ in side_a + side_b:
+            keys = set((k.get("params") or {}))
+            common = keys if common is None else common & keys
+
+        def index(side):
+            out = {}
+            for k, cubins in side:
+                key = json.dumps({p: v for p, v in (k.get("params") or {}).items() if p in common}, sort_keys=True)
+                if key in out:
+                    res["ambiguous"] += [out[key][0]["name"], k["name"]]
+                out[key] = (k, cubins)
+            return out
+
+        ia, ib = index(side_a), index(side_b)
+        res["only_a"] += [ia[x][0]["name"] for x in ia if x not in ib]
+        res["only_b"] += [ib[x][0]["name"] for x in ib if x not in ia]
+        pairs += [(ia[x], ib[x]) for x in ia if x in ib]
+
+    def same(pair):
+        (k, ca), (_, cb) = pair
+        ta = [_instructions(disassemble(c.data, tool)) for c in ca]
+        tb = [_instructions(disassemble(c.data, tool)) for c in cb]
+        return k["name"], ta == tb and all(ta)
+
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as ex:
+        for name, ok in ex.map(same, pairs):
+            res["identical" if ok else "different"].append(name)
+    return res
+
+
+def _print_compare(a, b, workers) -> int:
+    rep = compare_dirs(a, b, workers)
+    for what in ("different", "ambiguous", "only_a", "only_b", "problems"):
+        for x in rep[what]:
+            print(f"sass: {what} {x}")
+    bad = rep["different"] or rep["ambiguous"] or rep["problems"]
+    print(f"sass: {'SAME' if not bad else 'DIFFERENT'}: {len(rep['identical'])} identical, {len(rep['different'])} "
+          f"different, {len(rep['ambiguous'])} ambiguous; {len(rep['only_a'])} only in {a}, {len(rep['only_b'])} only "
+          f"in {b}")
+    return 1 if bad else 0
+
+
 def main(argv: Optional[list] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m w4a16_moe.loader.sass", description=__doc__.splitlines()[0])
     ap.add_argument("dir", help="prebuilt directory (manifest.json) or directory of exported objects")
@@ -465,8 +551,12 @@ def main(argv: Optional[list] = None) -> int:
                     "a warning (default: none, local memory fails the check)")
     ap.add_argument("--kernels", action="store_true", help="also one line per kernel: registers, the reported "
                     "opcodes, a serialized WGMMA pipeline")
+    ap.add_argument("--compare", metavar="OTHER", help="instead of the checks: whether the kernels of DIR and OTHER "
+                    "that match by family, arch and the params both builds name have the same SASS")
     a = ap.parse_args(argv)
     try:
+        if a.compare:
+            return _print_compare(a.dir, a.compare, a.jobs)
         rep = check_dir(a.dir, a.jobs, tuple(f for f in a.allow_local.split(",") if f))
     except (SassToolError, FileNotFoundError, ValueError) as e:
         print(f"sass: {e}", file=sys.stderr)
