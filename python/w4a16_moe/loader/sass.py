@@ -396,17 +396,9 @@ def _kernel_sets(d: Path) -> tuple:
     return groups, expect, allowed, budgets, serial
 
 
-def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[str] = ()) -> dict:
-    """Check every kernel under ``directory`` (see the module docstring). Returns
-    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "registers", "expect",
-    "local_budget", "wgmma_serialized", "serial_ok", "problems", "warnings"}], "problems", "warnings"}``
-    (``registers``: the most any function of the kernel uses, :func:`register_counts`; ``local_budget``: the
-    kernel's budget rule, or None; ``wgmma_serialized``: :func:`wgmma_serialized`'s finding, or None; ``serial_ok``:
-    the rule accepting it, or None).
-    Families in ``allow_local`` may use local memory (reported as warnings)."""
-    d = Path(directory)
-    tool = find_nvdisasm()
-    groups, expect, allowed, budgets, serial = _kernel_sets(d)
+def _kernel_cubins(groups) -> tuple:
+    """``([(kernel record, arch, file, [cubins])], problems)`` of :func:`_kernel_sets`' groups: each kernel's cubins
+    found in its file by their recorded fingerprints; a kernel without them, and a cubin of no kernel, are problems."""
     work, problems = [], []
     for path, arch, kernels in groups:
         found = {c.sha256: c for c in extract_cubins(path.read_bytes())}
@@ -424,6 +416,21 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
             work.append((k, arch, path, [found[h] for h in hashes]))
         for h in sorted(set(found) - claimed):
             problems.append(f"{path}: cubin {h[:12]} at offset {found[h].offset} belongs to no listed kernel")
+    return work, problems
+
+
+def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[str] = ()) -> dict:
+    """Check every kernel under ``directory`` (see the module docstring). Returns
+    ``{"ok", "nvdisasm", "kernels": [{"name", "family", "arch", "file", "opcodes", "registers", "expect",
+    "local_budget", "wgmma_serialized", "serial_ok", "problems", "warnings"}], "problems", "warnings"}``
+    (``registers``: the most any function of the kernel uses, :func:`register_counts`; ``local_budget``: the
+    kernel's budget rule, or None; ``wgmma_serialized``: :func:`wgmma_serialized`'s finding, or None; ``serial_ok``:
+    the rule accepting it, or None).
+    Families in ``allow_local`` may use local memory (reported as warnings)."""
+    d = Path(directory)
+    tool = find_nvdisasm()
+    groups, expect, allowed, budgets, serial = _kernel_sets(d)
+    work, problems = _kernel_cubins(groups)
 
     def one(item):
         k, arch, path, cubins = item
@@ -470,18 +477,12 @@ def _instructions(text: str) -> str:
     return "\n".join(_SYMBOL.sub("K", line.split(";")[0].strip()) for line in text.splitlines() if "/*" in line)
 
 
-def _by_params(d: Path) -> tuple:
-    """``({(family, arch): [(record, [cubins])]}, problems)`` of one build."""
-    groups = _kernel_sets(d)[0]
-    out, problems = {}, []
-    for path, arch, kernels in groups:
-        found = {c.sha256: c for c in extract_cubins(path.read_bytes())}
-        for k in kernels:
-            hashes = [c["sha256"] for c in k.get("cubins", [])]
-            if not hashes or any(h not in found for h in hashes):
-                problems.append(f"{k['name']} ({arch}): cubin not found in {path}")
-                continue
-            out.setdefault((k["family"], arch), []).append((k, [found[h] for h in hashes]))
+def _by_family(d: Path) -> tuple:
+    """``({(family, arch): [(record, [cubins])]}, problems)`` of one build (:func:`_kernel_cubins`)."""
+    work, problems = _kernel_cubins(_kernel_sets(d)[0])
+    out = {}
+    for k, arch, _, cubins in work:
+        out.setdefault((k["family"], arch), []).append((k, cubins))
     return out, problems
 
 
@@ -494,7 +495,7 @@ def compare_dirs(a, b, workers: Optional[int] = None) -> dict:
     "problems"}``: lists of ``a``'s kernel names (``only_b``: ``b``'s); ``ambiguous``: kernels of either build that
     share their match key with another kernel of the same build (they differ only in a field left out)."""
     tool = find_nvdisasm()
-    (ka, pa), (kb, pb) = _by_params(Path(a)), _by_params(Path(b))
+    (ka, pa), (kb, pb) = _by_family(Path(a)), _by_family(Path(b))
     res = {"identical": [], "different": [], "only_a": [], "only_b": [], "ambiguous": [], "problems": pa + pb}
     pairs = []
     for fa in sorted(set(ka) | set(kb)):
