@@ -12,7 +12,10 @@ must not go below zero on layers outside the sweep). A choice needs observations
 (``sm90.family.in_model_domain``: the ping-pong down GEMMs only where their activation tile stays resident) are
 not used. Sweeps after ``--extend`` add choices: each one's rows fit only the choices that neither the main sweeps
 nor an earlier ``--extend`` sweep measured, so the entries fitted before stay as they are (new tile shapes timed
-beside the defaults extend the model without re-fitting it on another day's clocks).
+beside the defaults extend the model without re-fitting it on another day's clocks). An extension choice whose
+gate/up kernel is the gate/up kernel of a choice fitted before (same config: a new down GEMM behind a known gate/up
+tile) takes that choice's gate/up fit (``up_from``) instead of a fit of its own: one kernel, one fit, from the
+larger data set.
 """
 
 from __future__ import annotations
@@ -40,6 +43,14 @@ def _gemm_shapes(family: str, tiles: dict) -> tuple:
             stream = dict(row_blocks=cfg.row_blocks, k_tile=cfg.k_tile)
         out.append((fam.rows_per_cta(cfg), stream))
     return tuple(out)
+
+
+def _up_config(family: str, tiles: dict):
+    """The gate/up GEMM's kernel config of a choice (what decides its kernel)."""
+    from w4a16_moe.formats.schemes import get_scheme
+    from w4a16_moe.kernels.cute import registry
+
+    return registry.get(family).configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles)[0]
 
 
 def _fit(obs: list, rows: int, tn: int, stream) -> dict:
@@ -114,20 +125,29 @@ def main(argv=None) -> int:
     for path in args.sweeps:
         _observe(path, obs, devices)
     fitted = frozenset(obs)  # the choices the main sweeps fit: extension rows leave them alone
-    for path in args.extend:
+    source = dict.fromkeys(obs, 0)  # per choice: 0 for the main sweeps, j for the j-th extension sweep
+    for j, path in enumerate(args.extend, 1):
         _observe(path, obs, devices, skip=fitted)
+        source.update(dict.fromkeys(set(obs) - fitted, j))
         fitted = frozenset(obs)  # and a later extension leaves the earlier ones' choices alone
     if len(devices) != 1:
         raise SystemExit(f"sweeps from more than one device: {sorted(devices)}")
     (device, sms), = devices
     entries = {}
-    for name, ent in sorted(obs.items()):
+    # the main sweeps' choices first, then each extension's, so that an extension choice finds the gate/up fit of
+    # a choice of an earlier sweep with the same gate/up kernel
+    for name, ent in sorted(obs.items(), key=lambda kv: (source[kv[0]], kv[0])):
         if len(ent["up"]) < args.min_rows:
             continue
         (r_up, s_up), (r_down, s_down) = _gemm_shapes(ent["family"], ent["tiles"])
         tn = ent["tiles"]["tokens_per_tile"]
-        entries[name] = dict(tokens_per_tile=tn, up=_fit(ent["up"], r_up, tn, s_up),
-                             down=_fit(ent["down"], r_down, tn, s_down))
+        same = None
+        if source[name]:
+            cfg = _up_config(ent["family"], ent["tiles"])
+            same = next((n for n in entries if obs[n]["family"] == ent["family"] and source[n] < source[name]
+                         and _up_config(obs[n]["family"], obs[n]["tiles"]) == cfg), None)
+        up = dict(entries[same]["up"], up_from=same) if same else _fit(ent["up"], r_up, tn, s_up)
+        entries[name] = dict(tokens_per_tile=tn, up=up, down=_fit(ent["down"], r_down, tn, s_down))
         print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
     out = dict(format=1, device=device, sm_count=sms, revision=args.revision, date=args.date,
                sources=list(args.sweeps), extended_by=list(args.extend), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),

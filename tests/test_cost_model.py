@@ -200,6 +200,39 @@ def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path, monkeypatch):
     assert choices() == before
 
 
+def test_an_extension_choice_takes_the_gate_up_fit_of_its_gate_up_kernel(tmp_path):
+    """A choice that an extension sweep adds with the gate/up kernel of a choice fitted before (a new down GEMM
+    behind a known gate/up tile) gets that choice's gate/up fit (``up_from``) and a down fit of its own; a choice
+    with a gate/up kernel of its own is fitted as before."""
+    base = fam._W2_MR(112)
+    regs = dict(down_producer_regs=72, down_consumer_regs=216)
+    pp = {**base, **fam._pp_down(28, stages=8, b_slots=4, pingpong=2), **regs}
+    other = {**fam._W2_V4(96), **fam._pp_down(28, stages=6, b_slots=6, pingpong=2), **regs, "down_setmaxnreg": True}
+    rng = np.random.default_rng(3)
+
+    def sweep(path, choices):
+        rows = []
+        for e, h, i in ((384, 7168, 256), (256, 7168, 256), (64, 4096, 256), (160, 5120, 128)):
+            for t in (512, 1024, 2048, 4096):
+                res = [dict(choice=f"sm90 {candidate_name(c)} split-K rule", family="sm90", tiles=c, splits=[1, 1],
+                            us=1.0, kernels=[["route", 3.0], ["up", float(rng.uniform(50, 500))],
+                                             ["down", float(rng.uniform(50, 500))], ["fin", 9.0]]) for c in choices]
+                rows.append(dict(E=e, H=h, I=i, top_k=8, tokens=t, results=res))
+        path.write_text(json.dumps(dict(device="NVIDIA H200", sm_count=132, rows=rows)))
+        return str(path)
+
+    main, ext = sweep(tmp_path / "main.json", [base]), sweep(tmp_path / "ext.json", [pp, other])
+    out = tmp_path / "model.json"
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "fit_cost_model.py"), main, "--extend", ext,
+                    "--out", str(out)], check=True, env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python")),
+                   capture_output=True)
+    got = json.load(open(out))["entries"]
+    b, p, o = (got[f"sm90 {candidate_name(t)}"] for t in (base, pp, other))
+    assert p["up"] == dict(b["up"], up_from=f"sm90 {candidate_name(base)}") and "up_from" not in b["up"]
+    assert p["down"] != b["down"] and p["down"]["n"] == 16
+    assert "up_from" not in o["up"] and o["up"]["n"] == 16
+
+
 def test_streaming_row_blocks_in_the_model():
     """The warp entries carry the streaming parameters of their kernels, and the model applies the kernels' rule:
     a short-K down GEMM of a large grid runs several row blocks per CTA, a long-K one and the gate/up GEMM one."""
