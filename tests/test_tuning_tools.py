@@ -193,13 +193,16 @@ def test_explore_tiles_writes_the_specs_of_the_default_plans_and_of_every_tile(t
 
 
 def test_device_specs_add_the_kernels_of_extra_tile_files(tmp_path):
-    # the study's wide ping-pong down tiles: no candidates, yet a GPU session that times them needs their kernels
-    tiles_file = os.path.join(ROOT, "docs", "perf", "2026-12-05-prefill-split", "tiles_ppdown.json")
-    pp = [t for t in json.loads(open(tiles_file).read()) if t.get("down_row_blocks_per_cta", 1) > 1]
+    # the wide ping-pong down tiles with a 2-stage ring: no candidates, yet a GPU session that times them needs
+    # their kernels
+    study = os.path.join(ROOT, "docs", "perf", "2026-12-05-wide-pp-down", "tiles.json")
+    pp = [{**t, "down_stages": 2, "down_b_slots": 2} for t in json.loads(open(study).read())]
     assert pp and not any(t in fam.CANDIDATES for t in pp)
+    tiles_file = tmp_path / "tiles.json"
+    tiles_file.write_text(json.dumps(pp))
     out = tmp_path / "specs.json"
     r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "device_specs.py"), "--out", str(out),
-                        "--tiles", tiles_file], capture_output=True, text=True)
+                        "--tiles", str(tiles_file)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     names = {s["name"] for s in json.loads(out.read_text())}
     sys.path.insert(0, os.path.join(ROOT, "scripts"))

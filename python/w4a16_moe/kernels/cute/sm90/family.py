@@ -120,6 +120,18 @@ def _pp_down(row_blocks: int, stages: int = 8, b_slots: int = 0, pingpong: int =
     return d
 
 
+def _pp_wide(stages: int, b_slots: int, setmaxnreg: bool = False) -> dict:
+    """The ping-pong down GEMM behind a wide gate/up tile (TN 96-128): :func:`_pp_down` of 28 row blocks per CTA,
+    its activation tile resident in ``b_slots`` BK-64 slots (``I <= 64 * b_slots``), 72 registers for the producer
+    and 216 for each consumer thread (with 56 / 224 the BK-64 producer's route loop spills); ``setmaxnreg`` for a
+    gate/up tile without it (docs/perf/2026-12-05-wide-pp-down)."""
+    d = {**_pp_down(28, stages=stages, b_slots=b_slots, pingpong=2), "down_producer_regs": 72,
+         "down_consumer_regs": 216}
+    if setmaxnreg:
+        d["down_setmaxnreg"] = True
+    return d
+
+
 # Extra tile shapes only the tuner and the tuned table select; what each varies and measured:
 # docs/perf/candidates.md (rows of the tuned table name them by candidate_name, not by position).
 EXTRA_TILES = (
@@ -214,6 +226,9 @@ EXTRA_TILES = (
     _W2_MR(112),  # MODEL_TILES (docs/perf/2026-12-05-setmaxnreg-tiles)
     _W2_MR(128),
     _W2_MR(144),
+    {**_W2_MR(112), **_pp_wide(8, 4)},  # docs/perf/2026-12-05-wide-pp-down
+    {**_W2_MR(128), **_pp_wide(4, 4)},
+    {**_W2_V4(96), **_pp_wide(6, 6, setmaxnreg=True)},
 )
 #: the rule's tiles before its re-fit (candidates 0-4; the new rule's tiles are candidates among these and
 #: :data:`EXTRA_TILES`, so candidate indices, which the tuner's ``--buckets`` and docs/perf use, stay stable)
