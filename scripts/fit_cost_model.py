@@ -151,7 +151,7 @@ def main(argv=None) -> int:
         print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
     out = dict(format=1, device=device, sm_count=sms, revision=args.revision, date=args.date,
                sources=list(args.sweeps), extended_by=list(args.extend), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),
-               entries=entries)
+               entries=dict(sorted(entries.items())))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
         f.write("\n")

@@ -28,9 +28,12 @@ FIT = [os.path.join(PERF, "2026-12-01-row-streaming", f)
        for f in ("sweep_int4_g128.json", "sweep_short_k_a.json", "sweep_short_k_b.json", "sweep_short_k_c.json")]
 #: sweeps that extend the fit with choices the sweeps before them never timed (TN 96 / 112 with four widths, timed
 #: beside the defaults on 10 layers at 16-4096 tokens; then TN 112 / 128 / 144 with setmaxnreg on 8 layers at
-#: 1024-8192 tokens); they leave the entries fitted before them as they are
+#: 1024-8192 tokens; then the ping-pong down GEMMs behind TN 96 / 112 / 128 on 7 layers at 512-8192 tokens, timed
+#: on an H100 and put on the H200's clock, docs/perf/2026-12-05-wide-pp-down); they leave the entries fitted before
+#: them as they are
 EXTEND = [os.path.join(PERF, "2026-12-04-wide-tiles", "explore_wide.json"),
-          os.path.join(PERF, "2026-12-05-setmaxnreg-tiles", "explore_mr.json")]
+          os.path.join(PERF, "2026-12-05-setmaxnreg-tiles", "explore_mr.json"),
+          os.path.join(PERF, "2026-12-05-wide-pp-down", "sweep_fit_h200eq.json")]
 #: sweeps the model never saw: at the fit's kernels, at f09b27b's and at two earlier revisions (their kernels'
 #: down GEMMs loaded route ids in the store loop, docs/perf/2026-12-01-epilogue-t24)
 HELD = [os.path.join(ROOT, PERF, "2026-12-01-row-streaming", "heldout_int4_g128.json"),
@@ -106,14 +109,18 @@ def test_the_warp_model_tiles_are_int4_candidates_beside_the_buckets():
 
 def test_the_ping_pong_down_tiles_are_chosen_only_where_their_activation_tile_stays_resident():
     pp = [t for t in fam.MODEL_TILES if t.get("down_row_blocks_per_cta", 1) > 1]
-    assert pp  # BK 128, 2 B slots: K (= I) <= 256
+    assert len(pp) == 5  # TN 32 / 56 at BK 128 with 2 B slots, TN 112 / 128 at BK 64 with 4, TN 96 at BK 64 with 6
     for t in pp:
-        assert fam.in_model_domain("sm90", t, 256) and fam.in_model_domain("sm90", t, 200)
-        assert not fam.in_model_domain("sm90", t, 384) and not fam.in_model_domain("sm90", t, 2048)
+        limit = t["down_k_tile"] * t["down_b_slots"]  # K (= I) tiles that fit the B slots
+        assert limit in (256, 384)
+        assert fam.in_model_domain("sm90", t, limit) and fam.in_model_domain("sm90", t, limit - 56)
+        assert not fam.in_model_domain("sm90", t, limit + 64) and not fam.in_model_domain("sm90", t, 2048)
     assert all(fam.in_model_domain(f, t, 14336) for f, t in fam.model_candidates() if t not in pp)
-    for tokens in (256, 1024, 2048, 4096):  # never on a layer outside the domain, whatever the batch
-        got = fam.model_choice(tokens * 8, 128, 4096, 384, True, 8)
+    for tokens in (256, 1024, 2048, 4096, 8192):  # never on a layer outside the domain, whatever the batch
+        got = fam.model_choice(tokens * 8, 128, 4096, 512, True, 8)
         assert got is not None and got[1] not in pp
+        got = fam.model_choice(tokens * 8, 128, 4096, 384, True, 8)
+        assert got is not None and (got[1] not in pp or got[1]["down_b_slots"] * got[1]["down_k_tile"] >= 384)
 
 
 def test_a_missing_model_falls_back_to_the_rule(monkeypatch, tmp_path):
