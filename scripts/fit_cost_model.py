@@ -29,28 +29,27 @@ import numpy as np
 SLOTS = (132, 264, 396, 528, 660)
 
 
-def _gemm_shapes(family: str, tiles: dict) -> tuple:
-    """``(rows, stream)`` of the gate/up and the down GEMM of a choice: weight rows per row block, and the warp
-    family's streaming parameters (``{"row_blocks", "k_tile"}``, or None)."""
+def _configs(family: str, tiles: dict) -> list:
+    """The kernel configs of a choice's gate/up and down GEMMs (INT4 g128, BF16, SwiGLU: the sweeps' calls)."""
     from w4a16_moe.formats.schemes import get_scheme
+    from w4a16_moe.kernels.cute import registry
+
+    return registry.get(family).configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles)
+
+
+def _gemm_shapes(family: str, configs: list) -> tuple:
+    """``(rows, stream)`` of the gate/up and the down GEMM of a choice (its :func:`_configs`): weight rows per row
+    block, and the warp family's streaming parameters (``{"row_blocks", "k_tile"}``, or None)."""
     from w4a16_moe.kernels.cute import registry
 
     fam = registry.get(family)
     out = []
-    for cfg in fam.configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles):
+    for cfg in configs:
         stream = None
         if getattr(cfg, "streams", False):
             stream = dict(row_blocks=cfg.row_blocks, k_tile=cfg.k_tile)
         out.append((fam.rows_per_cta(cfg), stream))
     return tuple(out)
-
-
-def _up_config(family: str, tiles: dict):
-    """The gate/up GEMM's kernel config of a choice (what decides its kernel)."""
-    from w4a16_moe.formats.schemes import get_scheme
-    from w4a16_moe.kernels.cute import registry
-
-    return registry.get(family).configs(get_scheme("int4_g128"), "bf16", "swiglu", True, "deterministic", tiles)[0]
 
 
 def _fit(obs: list, rows: int, tn: int, stream) -> dict:
@@ -133,19 +132,19 @@ def main(argv=None) -> int:
     if len(devices) != 1:
         raise SystemExit(f"sweeps from more than one device: {sorted(devices)}")
     (device, sms), = devices
-    entries = {}
+    entries, up_cfg = {}, {}  # up_cfg: per fitted choice, (family, its gate/up kernel config)
     # the main sweeps' choices first, then each extension's, so that an extension choice finds the gate/up fit of
     # a choice of an earlier sweep with the same gate/up kernel
     for name, ent in sorted(obs.items(), key=lambda kv: (source[kv[0]], kv[0])):
         if len(ent["up"]) < args.min_rows:
             continue
-        (r_up, s_up), (r_down, s_down) = _gemm_shapes(ent["family"], ent["tiles"])
+        cfgs = _configs(ent["family"], ent["tiles"])
+        up_cfg[name] = (ent["family"], cfgs[0])
+        (r_up, s_up), (r_down, s_down) = _gemm_shapes(ent["family"], cfgs)
         tn = ent["tiles"]["tokens_per_tile"]
         same = None
         if source[name]:
-            cfg = _up_config(ent["family"], ent["tiles"])
-            same = next((n for n in entries if obs[n]["family"] == ent["family"] and source[n] < source[name]
-                         and _up_config(obs[n]["family"], obs[n]["tiles"]) == cfg), None)
+            same = next((n for n in entries if source[n] < source[name] and up_cfg[n] == up_cfg[name]), None)
         up = dict(entries[same]["up"], up_from=same) if same else _fit(ent["up"], r_up, tn, s_up)
         entries[name] = dict(tokens_per_tile=tn, up=up, down=_fit(ent["down"], r_down, tn, s_down))
         print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
