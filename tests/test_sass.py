@@ -391,7 +391,8 @@ def fake_serial(monkeypatch):
     wide = {"m64_per_block": 4, "consumer_wgs": 2}
     kernels = [("t112", SM90, {"tokens_per_tile": 112, **wide, "setmaxnreg": False}, [serial]),
                ("t96", SM90, {"tokens_per_tile": 96, **wide, "setmaxnreg": False}, [serial]),
-               ("t112_mr", SM90, {"tokens_per_tile": 112, **wide, "setmaxnreg": True}, [overlapped]),
+               ("t112_mr", SM90, {"tokens_per_tile": 112, **wide, "setmaxnreg": True},
+                [overlapped + "        /*fff0*/                   USETMAXREG.TRYALLOC.CTAPOOL R0, 0xd8 ;\n"]),
                ("t96_two", SM90, {"tokens_per_tile": 96, **wide, "setmaxnreg": False}, [overlapped, serial])]
     return lambda d, layout, families=None: write(d, layout, kernels, families)
 
@@ -424,8 +425,8 @@ def test_check_dir_serial_rules_from_the_manifest(fake_serial, tmp_path, capsys)
     d = fake_serial(tmp_path / "main", "manifest")
     assert sass.main([str(d)]) == 1
     out = capsys.readouterr().out
-    assert "sass: sm_90a sm90_w4a16_gemm: 4 kernel(s), expect ['HGMMA']; totals {'HGMMA': 40}; 3 with a serialized " \
-           "WGMMA pipeline" in out
+    assert "sass: sm_90a sm90_w4a16_gemm: 4 kernel(s), expect ['HGMMA']; totals {'HGMMA': 40, 'USETMAXREG': 1}; " \
+           "3 with a serialized WGMMA pipeline" in out
     assert "sass: PROBLEM t96 (sm_90a): WGMMA pipeline serialized by ptxas" in out
     bad = fake_serial(tmp_path / "bad", "manifest", {**fams, SM90: {**fams[SM90], "sass_serial_ok": [{"why": "x"}]}})
     assert sass.main([str(bad)]) == 2
@@ -515,3 +516,25 @@ def test_compare_dirs_matches_kernels_by_the_params_both_builds_name(monkeypatch
                                          ("c1", SM90, {**p, "new": True}, [code])])
     assert sorted(sass.compare_dirs(a, c)["ambiguous"]) == ["c0", "c1"]
     assert sass.main([str(a), "--compare", str(c)]) == 1
+
+
+def test_check_dir_warns_where_ptxas_dropped_setmaxnreg(monkeypatch, tmp_path):
+    """A kernel built with ``setmaxnreg`` and two consumer warpgroups must show ``USETMAXREG``; where ptxas dropped
+    it (candidate 79's down GEMMs, advisory C7508) the check warns and names it. One consumer warpgroup, or no
+    ``setmaxnreg``: nothing to say."""
+    write = _fake_tree(monkeypatch)
+    mr = {"mode": "down", "setmaxnreg": True, "consumer_wgs": 2, "producer_regs": 72, "consumer_regs": 216}
+    text = lambda ops: "".join(f"        /*{i * 16:04x}*/                   {op} R0, R1 ;\n"
+                               for i, op in enumerate(Counter(ops).elements()))
+    kernels = [("mr_kept", SM90, mr, [text({"HGMMA": 8, "USETMAXREG": 2})]),
+               ("mr_dropped", SM90, mr, [text({"HGMMA": 8})]),
+               ("one_wg", SM90, {**mr, "consumer_wgs": 1}, [text({"HGMMA": 8})]),
+               ("no_mr", SM90, {**mr, "setmaxnreg": False}, [text({"HGMMA": 8})])]
+    for layout in ("manifest", "objects"):
+        rep = sass.check_dir(write(tmp_path / layout, layout, kernels))
+        assert rep["ok"] and _outcomes(rep) == {"mr_kept": "ok", "mr_dropped": "warn", "one_wg": "ok", "no_mr": "ok"}
+        assert rep["warnings"] == ["mr_dropped (sm_90a): setmaxnreg requested, but the SASS has no USETMAXREG (ptxas "
+                                   "dropped it): every warp runs on the launch register count"]
+        by = {k["name"]: k for k in rep["kernels"]}
+        assert by["mr_kept"]["opcodes"] == {"HGMMA": 8, "USETMAXREG": 2}
+    assert sass.check_setmaxnreg(Counter({"HGMMA": 1}), {"setmaxnreg": True}) == []  # (one consumer warpgroup)

@@ -25,6 +25,8 @@ back to its kernel.
   except where a rule of its family accepts it (``sass_serial_ok``: archs, exact kernel params, why; a warning):
   the rules, like the budgets, come from the manifest's ``families[f].sass_serial_ok``, else the registry
   (:func:`default_serial_ok`);
+* a kernel built with ``setmaxnreg`` shows ``USETMAXREG``: where ptxas dropped it (advisory C7508) the kernel runs
+  every warp on its launch register count; a warning (:func:`check_setmaxnreg`);
 * every kernel has its cubin and every cubin belongs to a kernel.
 
 :func:`compare_dirs` (``--compare OTHER``) sets two builds side by side: kernels matched by family, arch and the params
@@ -63,13 +65,13 @@ from .. import settings
 
 __all__ = ["Cubin", "SassToolError", "extract_cubins", "find_nvdisasm", "disassemble", "opcode_counts", "check_opcodes",
            "local_memory", "check_local", "budget_rules", "find_budget", "default_local_budget", "wgmma_serialized",
-           "serial_rules", "default_serial_ok", "check_serial", "check_dir", "compare_dirs", "main"]
+           "serial_rules", "default_serial_ok", "check_serial", "check_setmaxnreg", "check_dir", "compare_dirs", "main"]
 
 EM_CUDA = 190
 #: local-memory instructions: no kernel may contain them beyond its budget
 FORBIDDEN = ("LDL", "STL")
 #: opcodes reported in summaries
-REPORTED = ("HGMMA", "HMMA", "UTCHMMA", "UTCQMMA", "LDL", "STL")
+REPORTED = ("HGMMA", "HMMA", "UTCHMMA", "UTCQMMA", "LDL", "STL", "USETMAXREG")
 
 
 def default_expect() -> dict:
@@ -336,6 +338,17 @@ def check_serial(why: Optional[str], rule: Optional[dict] = None) -> tuple:
     return [], [f"{why}, accepted ({rule['why']})"]
 
 
+def check_setmaxnreg(ops: Counter, params: dict) -> list:
+    """Warnings of a kernel built with ``setmaxnreg`` (two consumer warpgroups) whose SASS has no ``USETMAXREG``:
+    ptxas drops the register split where it cannot tell the register count at its point (advisory C7508, "unable to
+    determine register count at entry", which the DSL does not show). Such a kernel runs every warp on its launch
+    register count: correct, but not the kernel its spec names (docs/perf/2026-12-05-wide-pp-down)."""
+    if params.get("setmaxnreg") and params.get("consumer_wgs", 1) == 2 and not ops.get("USETMAXREG"):
+        return ["setmaxnreg requested, but the SASS has no USETMAXREG (ptxas dropped it): every warp runs on the "
+                "launch register count"]
+    return []
+
+
 def check_local(ops: Counter, allow_local: bool = False, budget: Optional[dict] = None) -> tuple:
     """``(problems, warnings)`` of one kernel's local memory (:func:`local_memory`): none without it; with it,
     warnings when ``allow_local`` (any amount) or when every count is within ``budget`` (the kernel's rule,
@@ -449,7 +462,7 @@ def check_dir(directory, workers: Optional[int] = None, allow_local: Sequence[st
         rule = find_budget(serial.get(k["family"], ()), arch, params) if why else None
         sprobs, swarns = check_serial(why, rule)
         probs = check_opcodes(ops, exp, allow, budget) + sprobs
-        warns = check_local(ops, allow, budget)[1] + swarns
+        warns = check_local(ops, allow, budget)[1] + swarns + check_setmaxnreg(ops, params)
         return {"warnings": warns, "name": k["name"], "family": k["family"], "arch": arch, "file": str(path),
                 "opcodes": {x: ops.get(x, 0) for x in REPORTED if ops.get(x)}, "instructions": sum(ops.values()),
                 "registers": regs,
