@@ -459,7 +459,7 @@ def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
 #: routes per expert (docs/perf/2026-12-04-wide-tiles); TN 112 / 128 / 144 with four widths and setmaxnreg, whose
 #: WGMMA pipelines ptxas then keeps overlapped: 0.74-0.96 x the time of the old default on 26 of 32 rows at
 #: 1024-8192 tokens (docs/perf/2026-12-05-setmaxnreg-tiles); TN 112 / 128 with a ping-pong down GEMM of 28 row
-#: blocks per CTA at their width (I <= 256): 0.82-0.97 x the old default's time where the model picks them, on 7
+#: blocks per CTA at their width (I <= 256): 0.82-0.94 x the old default's time where the model picks them, on 7
 #: fitted and 4 held-out layers at 2048-8192 tokens (docs/perf/2026-12-05-wide-pp-down; its TN 96 tile, candidate
 #: 79, is withdrawn there)
 MODEL_TILES = (
