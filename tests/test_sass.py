@@ -146,6 +146,12 @@ def _kernels() -> list:
     ]
 
 
+def _listing(ops: dict) -> str:
+    """A canned disassembly with the given opcode counts."""
+    return "".join(f"        /*{i * 16:04x}*/                   {op}.X R0, R1 ;\n"
+                   for i, op in enumerate(Counter(ops).elements()))
+
+
 def _fake_tree(monkeypatch):
     """``check_dir`` without nvdisasm: ``write(d, layout, kernels, families=None)`` writes ``kernels`` (``(name,
     family, params, [disassembly of each cubin])``) as exported objects or as a prebuilt directory (``families``: the
@@ -192,12 +198,7 @@ def fake_sass(monkeypatch):
     """The kernels of :func:`_kernels`, each one cubin whose disassembly is its canned opcodes (:func:`_fake_tree`):
     ``write(d, layout, families=None)``."""
     write = _fake_tree(monkeypatch)
-
-    def listing(ops: dict) -> str:
-        return "".join(f"        /*{i * 16:04x}*/                   {op}.X R0, R1 ;\n"
-                       for i, op in enumerate(Counter(ops).elements()))
-
-    kernels = [(name, fam, params, [listing(ops)]) for name, fam, params, ops, _ in _kernels()]
+    kernels = [(name, fam, params, [_listing(ops)]) for name, fam, params, ops, _ in _kernels()]
     return lambda d, layout, families=None: write(d, layout, kernels, families)
 
 
@@ -524,12 +525,10 @@ def test_check_dir_warns_where_ptxas_dropped_setmaxnreg(monkeypatch, tmp_path):
     ``setmaxnreg``: nothing to say."""
     write = _fake_tree(monkeypatch)
     mr = {"mode": "down", "setmaxnreg": True, "consumer_wgs": 2, "producer_regs": 72, "consumer_regs": 216}
-    text = lambda ops: "".join(f"        /*{i * 16:04x}*/                   {op} R0, R1 ;\n"
-                               for i, op in enumerate(Counter(ops).elements()))
-    kernels = [("mr_kept", SM90, mr, [text({"HGMMA": 8, "USETMAXREG": 2})]),
-               ("mr_dropped", SM90, mr, [text({"HGMMA": 8})]),
-               ("one_wg", SM90, {**mr, "consumer_wgs": 1}, [text({"HGMMA": 8})]),
-               ("no_mr", SM90, {**mr, "setmaxnreg": False}, [text({"HGMMA": 8})])]
+    kernels = [("mr_kept", SM90, mr, [_listing({"HGMMA": 8, "USETMAXREG": 2})]),
+               ("mr_dropped", SM90, mr, [_listing({"HGMMA": 8})]),
+               ("one_wg", SM90, {**mr, "consumer_wgs": 1}, [_listing({"HGMMA": 8})]),
+               ("no_mr", SM90, {**mr, "setmaxnreg": False}, [_listing({"HGMMA": 8})])]
     for layout in ("manifest", "objects"):
         rep = sass.check_dir(write(tmp_path / layout, layout, kernels))
         assert rep["ok"] and _outcomes(rep) == {"mr_kept": "ok", "mr_dropped": "warn", "one_wg": "ok", "no_mr": "ok"}
