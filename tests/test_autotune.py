@@ -334,6 +334,21 @@ def test_default_choice_reproduces_the_plan(tokens):
         assert (got.family, got.configs, got.splits) == (want.family, want.configs, want.splits), (layer, tokens)
 
 
+@pytest.mark.parametrize("tokens", [8, 16, 64])
+def test_default_choice_of_a_tile_loop_plan(tokens):
+    """On an expert-parallel rank at decode sizes the selection takes the warp-MMA tile-loop kernels
+    (``W4A16_MOE_TILE_LOOP=auto``); the default choice names the candidate tile (the loop is the plan's, not the
+    tile's), so the tuner, the sweeps and the explorer time it and mark it as the default."""
+    call = MoECall(tokens, 8, 7168, 2048, 32, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                   "deterministic", 0, "int4_g128", global_experts=256)
+    want = provider.plan(call, H200)
+    assert want.family == "warp" and all(c.tile_loop for c in want.configs), want.configs
+    c = autotune._default_choice(call, H200)
+    assert c.candidate in store.candidate_tiles("warp"), c
+    got = choice_plan.plan_of_choice(call, H200, c)
+    assert (got.family, got.configs, got.splits) == (want.family, want.configs, want.splits)
+
+
 # ------------------------------------------------------------------------------------------------------
 # warmup
 # ------------------------------------------------------------------------------------------------------
