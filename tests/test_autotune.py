@@ -343,6 +343,7 @@ def test_default_choice_of_a_tile_loop_plan(tokens):
                    "deterministic", 0, "int4_g128", global_experts=256)
     want = provider.plan(call, H200)
     assert want.family == "warp" and all(c.tile_loop for c in want.configs), want.configs
+    assert want.grid_tiles > 0 and "tile_loop" not in dict(want.tiles)  # the loop is the plan's, not the tile's
     c = autotune._default_choice(call, H200)
     assert c.candidate in store.candidate_tiles("warp"), c
     got = choice_plan.plan_of_choice(call, H200, c)

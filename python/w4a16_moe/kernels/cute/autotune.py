@@ -121,9 +121,7 @@ def _default_choice(call, info) -> Optional[Choice]:
         return None
     if p.decode:
         return Choice("decode", _knob_text(dict(p.tiles).get("knobs", ())), None)
-    # the tile loop is the plan's launch form (``provider._routed_grouped_plan`` adds it to any candidate's tiles
-    # where it applies), not a candidate of its own
-    name = candidate_name({k: v for k, v in dict(p.tiles).items() if k != "tile_loop"})
+    name = candidate_name(dict(p.tiles))
     for sp in (None, max(p.splits)):  # the rule's split-K, else the explicit one that reproduces the plan
         q = choice_plan.plan_of_choice(call, info, Choice(p.family, name, sp))
         if q is not None and q.splits == p.splits:

@@ -282,9 +282,10 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     g, k = call.global_experts, call.top_k
     max_tiles = _max_tiles(r, e, tiles["tokens_per_tile"])
     grid_tiles = _tile_loop_grid(fam, r, e, tiles["tokens_per_tile"], k, g, max_tiles)
-    if grid_tiles:
-        tiles = dict(tiles, tile_loop=True)
-    up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, tiles, bias=call.has_bias)
+    # the tile loop is how this plan launches the candidate's kernels (its grid is ``grid_tiles``), not part of the
+    # tile: the plan keeps the candidate's tiles, so a plan names the candidate that reproduces it
+    kernel_tiles = dict(tiles, tile_loop=True) if grid_tiles else tiles
+    up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, kernel_tiles, bias=call.has_bias)
     hp, ip, n13 = _padded(fam, up, down, call, sch)
     if call.finalize == "deterministic" and batch_invariant():
         # no split-K: each route's result is then independent of the batch it came in (same kernel math
