@@ -420,3 +420,52 @@ def test_list_presets_prints_what_the_peers_tool_prints(peer_bench, capsys):
     assert "\n".join(ours[:n]) + "\n" == theirs  # the peers tool's presets, as it prints them
     assert ours[n:] == ["gpt-oss-120b         --layer 128,2880,2880,4 --scheme mxfp4 --activation swiglu_oai +biases"
                         "   gpt-oss-120b MoE layer, whole (MXFP4, per-expert biases, swiglu_oai)"]
+
+
+# ------------------------------------------------------------------------------------------ standing
+def _standing_rec(layer, tokens, impl, us, run_device="NVIDIA H200", dtype="bf16", revision="abc1234"):
+    return {"layer": layer, "tokens": tokens, "impl": impl, "median_us": us, "floor_eff_us": 6.0, "nrmse": 0.004,
+            "device": run_device, "revision": revision, "dtype": dtype}
+
+
+@pytest.mark.parametrize("device", ["H200", "H100"])
+def test_standing_takes_each_row_from_the_latest_run_on_the_device(tmp_path, device, capsys):
+    from w4a16_moe.bench import standing
+
+    old, new = tmp_path / "2026-12-04", tmp_path / "2026-12-04b"
+    old.mkdir(), new.mkdir()
+    (old / "w1.json").write_text(json.dumps([
+        _standing_rec("w1", 1, "w4a16_moe", 12.0), _standing_rec("w1", 1, "humming", 10.0),       # behind, replaced below
+        _standing_rec("w1", 8, "w4a16_moe", 50.0), _standing_rec("w1", 8, "humming", 60.0), _standing_rec("w1", 8, "vllm_marlin", 40.0),
+        _standing_rec("w1", 1, "w4a16_moe", 9.0, dtype="fp16"), _standing_rec("w1", 1, "humming", 10.0, dtype="fp16"),
+        _standing_rec("w1", 64, "w4a16_moe", 90.0, run_device="NVIDIA H100 80GB HBM3"),
+        _standing_rec("w1", 64, "humming", 100.0, run_device="NVIDIA H100 80GB HBM3"),
+        _standing_rec("w1", 16, "w4a16_moe", 20.0),                                        # no peer: not a row
+    ]))
+    (new / "w1.json").write_text(json.dumps([
+        _standing_rec("w1", 1, "w4a16_moe", 8.0, revision="def5678"), _standing_rec("w1", 1, "humming", 10.0),
+        _standing_rec("w1", 8, "w4a16_moe", None), _standing_rec("w1", 8, "humming", 55.0),       # failed row: keeps the old run's
+    ]))
+    (new / "notes.md").write_text("not a record file")
+    rows = standing.latest_rows(str(tmp_path), device)
+    got = {(r["dtype"], r["tokens"]): (r["run"], r["peer"], round(r["ratio"], 3)) for r in rows}
+    if device == "H100":
+        assert got == {("bf16", 64): ("2026-12-04", "humming", 0.9)}
+        return
+    assert got == {("bf16", 1): ("2026-12-04b", "humming", 0.8), ("bf16", 8): ("2026-12-04", "vllm_marlin", 1.25),
+                   ("fp16", 1): ("2026-12-04", "humming", 0.9)}
+    summary = {(s["layer"], s["dtype"]): s for s in standing.summarize(rows)}
+    bf16 = summary[("w1", "bf16")]
+    assert (bf16["rows"], bf16["ahead"], [r["tokens"] for r in bf16["behind"]]) == (2, 1, [8])
+    assert bf16["runs"] == ["2026-12-04", "2026-12-04b"] and bf16["best"] == pytest.approx(0.8)
+    assert standing.latest_rows(str(tmp_path), device, peers=["humming"])[1]["peer"] == "humming"
+    assert standing.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "8 tokens 1.250 (2026-12-04)" in out and "2 of 3 rows ahead" in out
+
+
+def test_standing_refuses_a_missing_directory(tmp_path):
+    from w4a16_moe.bench import standing
+
+    with pytest.raises(SystemExit):
+        standing.main([str(tmp_path / "nope")])

@@ -1,0 +1,122 @@
+"""``python -m w4a16_moe.bench.standing [DIR] [--device H200] [--peers humming,vllm_marlin] [--json]``: where the
+project stands against its peers, from the committed benchmark runs (``DIR``, default ``docs/benchmarks``).
+
+Every ``DIR/<run>/<layer>.json`` is a list of :mod:`.records`. For each row (layer, dtype, token count) on the
+device, the **latest run that measured it** (run folders sort by name: ``2026-12-05f`` after ``2026-12-05``)
+gives the ratio ``ours / fastest peer``, both from that run (same process, same inputs). A row counts as
+ahead when the ratio is below 1. The output is one line per layer (and dtype): rows, rows ahead, the rows
+that are not, and the runs the figures come from. A row whose figures are older than the project's current
+code says so only through its run: read the run's revision in ``DIR/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from typing import Iterable, Optional
+
+__all__ = ["Row", "latest_rows", "summarize", "main"]
+
+DEFAULT_PEERS = ("humming", "vllm_marlin")
+
+
+class Row(dict):
+    """``{"layer", "dtype", "tokens", "run", "ours_us", "peer", "peer_us", "ratio", "revision"}``."""
+
+
+def _device_tag(device: Optional[str]) -> str:
+    d = (device or "").upper()
+    for tag in ("H200", "H100", "B200", "GB200", "A100", "L40S"):
+        if tag in d:
+            return tag
+    return device or "?"
+
+
+def _records(path: str) -> list:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return [r for r in data if isinstance(r, dict) and "impl" in r] if isinstance(data, list) else []
+
+
+def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = DEFAULT_PEERS) -> list:
+    """One :class:`Row` per (layer, dtype, tokens) measured on ``device`` with the project and at least one of
+    ``peers``: the figures of the latest run (folder name order) that measured both."""
+    peers = tuple(peers)
+    runs = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    latest = {}
+    for run in runs:
+        folder = os.path.join(root, run)
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".json"):
+                continue
+            by_row = defaultdict(dict)
+            for r in _records(os.path.join(folder, name)):
+                if _device_tag(r.get("device")) != device or r.get("median_us") is None:
+                    continue
+                key = (str(r.get("layer")), str(r.get("dtype") or "bf16"), int(r.get("tokens")))
+                by_row[key][r["impl"]] = r
+            for key, impls in by_row.items():
+                ours = impls.get("w4a16_moe")
+                measured = [(impls[p]["median_us"], p) for p in peers if p in impls]
+                if ours is None or not measured:
+                    continue
+                peer_us, peer = min(measured)
+                latest[key] = Row(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=ours["median_us"],
+                                  peer=peer, peer_us=peer_us, ratio=ours["median_us"] / peer_us,
+                                  revision=ours.get("revision"))
+    return [latest[k] for k in sorted(latest)]
+
+
+def summarize(rows: list) -> list:
+    """Per (layer, dtype): ``{"layer", "dtype", "rows", "ahead", "behind": [Row...], "worst", "best", "runs"}``."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["layer"], r["dtype"])].append(r)
+    out = []
+    for (layer, dtype), rs in sorted(groups.items()):
+        ratios = [r["ratio"] for r in rs]
+        out.append(dict(layer=layer, dtype=dtype, rows=len(rs), ahead=sum(x < 1.0 for x in ratios),
+                        behind=[r for r in rs if r["ratio"] >= 1.0], best=min(ratios), worst=max(ratios),
+                        runs=sorted({r["run"] for r in rs})))
+    return out
+
+
+def _markdown(summary: list, device: str) -> str:
+    lines = [f"| layer | dtype | rows | ahead | ours / fastest peer | not ahead | runs ({device}) |",
+             "|---|---|---:|---:|---|---|---|"]
+    for s in summary:
+        behind = ", ".join(f"{r['tokens']} tokens {r['ratio']:.3f} ({r['run']})" for r in s["behind"])
+        lines.append(f"| {s['layer']} | {s['dtype']} | {s['rows']} | {s['ahead']} | {s['best']:.2f}-{s['worst']:.3f} "
+                     f"| {behind} | {', '.join(s['runs'])} |")
+    total = sum(s["rows"] for s in summary)
+    ahead = sum(s["ahead"] for s in summary)
+    lines.append("")
+    lines.append(f"{ahead} of {total} rows ahead of the fastest peer measured beside the project.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m w4a16_moe.bench.standing", description=__doc__.split("\n\n")[0])
+    p.add_argument("root", nargs="?", default="docs/benchmarks", help="the benchmark runs (default docs/benchmarks)")
+    p.add_argument("--device", default="H200", help="device tag of the records to use (H200, H100, ...)")
+    p.add_argument("--peers", default=",".join(DEFAULT_PEERS), help="impls that count as peers (comma list)")
+    p.add_argument("--json", action="store_true", help="print the per-row figures as JSON")
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.root):
+        p.error(f"root: {a.root!r} is not a directory of benchmark runs")
+    rows = latest_rows(a.root, a.device, [x for x in a.peers.split(",") if x])
+    if a.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(_markdown(summarize(rows), a.device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
