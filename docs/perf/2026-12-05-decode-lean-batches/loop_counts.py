@@ -4,10 +4,9 @@
     python docs/perf/2026-12-05-decode-lean-batches/loop_counts.py DIR [--match SUBSTRING]
 """
 import argparse
-import collections
-import json
 import re
 import sys
+from pathlib import Path
 
 from w4a16_moe.loader import sass
 
@@ -21,12 +20,11 @@ def batch_loop(text: str):
         if m:
             pending.append(m.group(1))
             continue
-        m = re.match(r"/\*[0-9a-f]+\*/\s+(.*?);", line)
-        if m:
+        if re.match(r"/\*[0-9a-f]+\*/\s+\S", line):
             for p in pending:
                 labels[p] = len(ins)
             pending = []
-            ins.append(m.group(1))
+            ins.append(line)
     loops = []
     for i, s in enumerate(ins):
         m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", s)
@@ -34,8 +32,7 @@ def batch_loop(text: str):
             body = ins[labels[m.group(1)]:i + 1]
             h = sum("HMMA" in b for b in body)
             if h:
-                ops = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", b).split()[0].split(".")[0] for b in body)
-                loops.append((len(body), h, ops))
+                loops.append((len(body), h, sass.opcode_counts("\n".join(body))))
     return min(loops, key=lambda x: x[0] / x[1]) if loops else None
 
 
@@ -44,14 +41,12 @@ def main(argv=None):
     ap.add_argument("dir")
     ap.add_argument("--match", default="w4a16_decode_gemv")
     a = ap.parse_args(argv)
-    meta = json.load(open(f"{a.dir}/sm_90a/meta.json"))
-    data = open(f"{a.dir}/sm_90a/kernels.so", "rb").read()
-    cubins = {c.sha256: c for c in sass.extract_cubins(data)}
-    for k in meta["kernels"]:
+    kernels, _ = sass._by_family(Path(a.dir))  # the SASS check's reader: manifest, libraries, cubins by fingerprint
+    for k, cubins in (kc for group in kernels.values() for kc in group):
         if a.match not in k["name"]:
             continue
         p = k["params"]
-        loop = batch_loop(sass.disassemble(cubins[k["cubins"][0]["sha256"]].data))
+        loop = batch_loop(sass.disassemble(cubins[0].data))
         if loop is None:
             continue
         n, h, ops = loop

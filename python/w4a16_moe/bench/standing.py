@@ -18,13 +18,10 @@ import sys
 from collections import defaultdict
 from typing import Iterable, Optional
 
-__all__ = ["Row", "latest_rows", "summarize", "main"]
+from . import merge
+from .records import PEER_IMPLS
 
-DEFAULT_PEERS = ("humming", "vllm_marlin")
-
-
-class Row(dict):
-    """``{"layer", "dtype", "tokens", "run", "ours_us", "peer", "peer_us", "ratio", "revision"}``."""
+__all__ = ["latest_rows", "summarize", "main"]
 
 
 def _device_tag(device: Optional[str]) -> str:
@@ -35,18 +32,11 @@ def _device_tag(device: Optional[str]) -> str:
     return device or "?"
 
 
-def _records(path: str) -> list:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return []
-    return [r for r in data if isinstance(r, dict) and "impl" in r] if isinstance(data, list) else []
-
-
-def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = DEFAULT_PEERS) -> list:
-    """One :class:`Row` per (layer, dtype, tokens) measured on ``device`` with the project and at least one of
-    ``peers``: the figures of the latest run (folder name order) that measured both."""
+def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = PEER_IMPLS) -> list:
+    """One row ``{"layer", "dtype", "tokens", "run", "ours_us", "peer", "peer_us", "ratio", "revision"}`` per
+    (layer, dtype, tokens) measured on ``device`` with the project and at least one of ``peers``: the figures of
+    the latest run (folder name order) that measured both. Every ``.json`` of a run folder must be a record list
+    (:func:`.merge.load` checks it)."""
     peers = tuple(peers)
     runs = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
     latest = {}
@@ -56,7 +46,7 @@ def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = DEFAULT_
             if not name.endswith(".json"):
                 continue
             by_row = defaultdict(dict)
-            for r in _records(os.path.join(folder, name)):
+            for r in merge.load(os.path.join(folder, name))[0]:
                 if _device_tag(r.get("device")) != device or r.get("median_us") is None:
                     continue
                 key = (str(r.get("layer")), str(r.get("dtype") or "bf16"), int(r.get("tokens")))
@@ -67,14 +57,14 @@ def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = DEFAULT_
                 if ours is None or not measured:
                     continue
                 peer_us, peer = min(measured)
-                latest[key] = Row(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=ours["median_us"],
-                                  peer=peer, peer_us=peer_us, ratio=ours["median_us"] / peer_us,
-                                  revision=ours.get("revision"))
+                latest[key] = dict(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=ours["median_us"],
+                                   peer=peer, peer_us=peer_us, ratio=ours["median_us"] / peer_us,
+                                   revision=ours.get("revision"))
     return [latest[k] for k in sorted(latest)]
 
 
 def summarize(rows: list) -> list:
-    """Per (layer, dtype): ``{"layer", "dtype", "rows", "ahead", "behind": [Row...], "worst", "best", "runs"}``."""
+    """Per (layer, dtype): ``{"layer", "dtype", "rows", "ahead", "behind": [row, ...], "worst", "best", "runs"}``."""
     groups = defaultdict(list)
     for r in rows:
         groups[(r["layer"], r["dtype"])].append(r)
@@ -105,7 +95,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m w4a16_moe.bench.standing", description=__doc__.split("\n\n")[0])
     p.add_argument("root", nargs="?", default="docs/benchmarks", help="the benchmark runs (default docs/benchmarks)")
     p.add_argument("--device", default="H200", help="device tag of the records to use (H200, H100, ...)")
-    p.add_argument("--peers", default=",".join(DEFAULT_PEERS), help="impls that count as peers (comma list)")
+    p.add_argument("--peers", default=",".join(PEER_IMPLS), help="impls that count as peers (comma list)")
     p.add_argument("--json", action="store_true", help="print the per-row figures as JSON")
     a = p.parse_args(argv)
     if not os.path.isdir(a.root):
