@@ -134,12 +134,15 @@ def _decode_configs_expected(r) -> list:
 
 def _as_current(name: str) -> str:
     """A recorded kernel name as the family names that kernel now: the warp gate/up kernels are built with
-    ``warp.family.UP_ROW_BLOCKS`` row blocks per CTA (name suffix ``_r1``; ed90ab0's kernels had no streaming)."""
+    ``warp.family.UP_ROW_BLOCKS`` row blocks per CTA (name suffix ``_r1``; ed90ab0's kernels had no streaming), and
+    every warp kernel with ``warp.family.PDL`` (suffix ``_pdl``)."""
     from w4a16_moe.kernels.cute.warp import family as warp
     from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig
 
     if name.startswith("warp_gate_up_") and warp.UP_ROW_BLOCKS != WarpGemmConfig.row_blocks:  # the unnamed default
-        return f"{name}_r{warp.UP_ROW_BLOCKS}"
+        name = f"{name}_r{warp.UP_ROW_BLOCKS}"
+    if name.startswith("warp_") and warp.PDL and not name.endswith("_pdl"):  # launched with PDL since
+        name = f"{name}_pdl"
     return name
 
 

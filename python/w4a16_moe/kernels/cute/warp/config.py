@@ -90,6 +90,10 @@ class WarpGemmConfig:
     # the launch's grid y may be smaller than the token-tile bound: each CTA loops over tiles y, y + gridDim.y, ...
     # below block_start[E] (the host sizes the grid from the expected tiles, see tiles.loop_grid)
     tile_loop: bool = False
+    # programmatic dependent launch (SM90 and later; ignored by the sm_80-89 builds): gate/up waits for the route
+    # preparation before reading the routing tables, then lets the down kernel launch; down lets the finalize
+    # launch at once and streams its first weight stages before it waits for h
+    pdl: bool = False
 
     @property
     def gated(self) -> bool:
@@ -169,6 +173,7 @@ class WarpGemmConfig:
         extra += f"_r{self.row_blocks}" if self.row_blocks != 8 else ""
         extra += "" if self.acc_scales else "_sw"
         extra += "_tl" if self.tile_loop else ""
+        extra += "_pdl" if self.pdl else ""
         return (
             f"warp_{self.mode}_{self.dtype}{kind}_g{g}{zp}_w{self.warps}m{self.m16_per_warp}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_{self.epi}{act}{extra}"

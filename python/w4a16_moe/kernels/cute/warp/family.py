@@ -105,6 +105,11 @@ group_param = tiles_rule.group_param
 #: The down kernels keep ``row_blocks = 8`` (K = the intermediate size, often 256-512: they stream).
 UP_ROW_BLOCKS = 1
 
+#: the family's kernels are launched with programmatic dependent launch (:attr:`.config.WarpGemmConfig.pdl`): gate/up
+#: waits for the route preparation, down streams its first weight stages before it waits for h, and lets the finalize
+#: launch at once. SM90 and later; the sm_80-89 builds of the same configs have no griddepcontrol.
+PDL = True
+
 
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
     """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused;
@@ -115,7 +120,8 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
 @functools.lru_cache(maxsize=4096)
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = dict(tiles_items)
-    common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
+    common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, pdl=PDL,
+                  **tiles)
     up = kernel_config(mode="gate_up", activation=activation, bias=bias, **dict(common, row_blocks=UP_ROW_BLOCKS))
     det = finalize == "deterministic"
     down = kernel_config(mode="down", epilogue="y" if det else "atomic_f32", bias=bias and det, **common)

@@ -234,6 +234,9 @@ class WarpW4A16GroupedGemm:
 
     def _set_arch(self, arch: str) -> None:
         self.arch = arch
+        # griddepcontrol exists from sm_90 on: older builds of a ``pdl`` config are the plain kernel
+        self.use_pdl = self.cfg.pdl and arch_major(arch) >= 90
+        self.pdl_prefetch = self.use_pdl and self.cfg.mode == "down" and not self.cfg.tile_loop
         self.epi_shape = EpilogueShape(tokens=self.TN, cols=self.cols, threads=self.T, mode=self.cfg.mode,
                                        epi=self.cfg.epi, activation=self.cfg.activation, gated=self.cfg.gated,
                                        is_bf16=self.is_bf16, vec_red=arch_major(arch) >= 90,
@@ -295,6 +298,7 @@ class WarpW4A16GroupedGemm:
             grid=[(nbc + rbc - 1) // rbc, max_tiles, num_splits],
             block=[self.T, 1, 1],
             stream=stream,
+            use_pdl=self.use_pdl,
             **occupancy_kwargs(self.cfg.min_ctas_per_sm),
         )
 
@@ -334,10 +338,21 @@ class WarpW4A16GroupedGemm:
         g_rs = cute.make_tensor(route_start, cute.make_layout(num_experts + 1))
         g_routes = cute.make_tensor(sorted_routes, cute.make_layout(num_routes))
 
+        if const_expr(self.use_pdl and self.cfg.mode == "down"):
+            # every CTA of this grid has started: the finalize (launched with PDL) may take the SMs this grid's
+            # last CTAs free, and waits there for the whole grid before reading y
+            cute.arch.griddepcontrol_launch_dependents()
         smem = cutlass.utils.SmemAllocator()
         st = smem.allocate(self.storage_cls)
         misc_addr = st.misc.data_ptr().toint()
         buf = st.buf.data_ptr().toint()
+        if const_expr(self.use_pdl and self.cfg.mode == "gate_up"):
+            # the route preparation may still run: its tables are complete and visible once the wait returns.
+            # Only then may the down kernel start (it reads the routing tables before its own wait)
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        if const_expr(self.use_pdl and self.cfg.mode == "down" and self.cfg.tile_loop):
+            cute.arch.griddepcontrol_wait()  # the loop kernels wait before their first tile (no prefetch)
         e = Int32(-1)
         if const_expr(not self.cfg.tile_loop):
             if tidx == 0:
@@ -445,10 +460,7 @@ class WarpW4A16GroupedGemm:
         """The ``nk`` K tiles of one row block (stage ``it`` = chunk ``it``, activations of K tile ``it``)."""
         S = self.S
         # prologue: S - 1 tiles in flight
-        for s in cutlass.range_constexpr(S - 1):
-            if s < nk:
-                self._issue(s, s, s, *issue)
-            ptx.cp_async_commit()
+        self._prologue(nk, issue)
         for it in cutlass.range(nk, unroll=1):
             ptx.cp_async_wait(S - 2)
             cute.arch.sync_threads()
@@ -465,14 +477,7 @@ class WarpW4A16GroupedGemm:
         stored from the stage its last K tile was consumed from (:meth:`_row_epilogue`)."""
         S = self.S
         n_seq = nk * nrb
-        kt_i = Int32(0)  # K tile of the next stage to issue
-        for s in cutlass.range_constexpr(S - 1):
-            if s < n_seq:
-                self._issue(s, s, kt_i, *issue)
-                kt_i = kt_i + 1
-                if kt_i == nk:
-                    kt_i = Int32(0)
-            ptx.cp_async_commit()
+        kt_i = self._prologue(n_seq, issue, nk)  # K tile of the next stage to issue
         kt_c = Int32(0)  # K tile of the stage being computed
         rb = Int32(0)
         for it in cutlass.range(n_seq, unroll=1):
@@ -494,10 +499,52 @@ class WarpW4A16GroupedGemm:
                 rb = rb + 1
 
     @cute.jit
+    def _prologue(self, n_seq, issue, nk=None):
+        """Stages ``0 .. S - 2`` of a stream of ``n_seq`` stages in flight (stage ``s``: weight chunk ``s``,
+        activations of K tile ``s`` modulo ``nk`` when given): one ``cp.async`` group per stage. With PDL (the down
+        GEMM) the weight chunks go first, one group each, before ``griddepcontrol.wait``, and the activations (h,
+        which the previous grid writes) after it, one group each: the loop's ``wait_group(S - 2)`` at iteration
+        ``it`` then still finds stage ``it``'s groups complete (its weight group is older than its activation
+        group). Returns the K tile of the next stage to issue (streaming)."""
+        S = self.S
+        kt_i = Int32(0)
+        if const_expr(self.pdl_prefetch):
+            for s in cutlass.range_constexpr(S - 1):
+                if s < n_seq:
+                    self._issue_w(s, s, *issue)
+                ptx.cp_async_commit()
+            cute.arch.griddepcontrol_wait()
+            for s in cutlass.range_constexpr(S - 1):
+                if s < n_seq:
+                    self._issue_a(s, kt_i, *issue)
+                    kt_i = kt_i + 1
+                    if const_expr(nk is not None):
+                        if kt_i == nk:
+                            kt_i = Int32(0)
+                ptx.cp_async_commit()
+        else:
+            for s in cutlass.range_constexpr(S - 1):
+                if s < n_seq:
+                    self._issue(s, s, kt_i, *issue)
+                    kt_i = kt_i + 1
+                    if const_expr(nk is not None):
+                        if kt_i == nk:
+                            kt_i = Int32(0)
+                ptx.cp_async_commit()
+        return kt_i
+
+    @cute.jit
     def _issue(self, it, stage, kt, tidx, w_base, act_base, src_off, dst_off, policy, buf, P: cutlass.Constexpr,
                NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr):
         """cp.async of stream stage ``it`` (weight chunk ``it``, activations of K tile ``kt``) into ring stage
         ``stage``."""
+        self._issue_w(it, stage, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
+        self._issue_a(stage, kt, tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
+
+    @cute.jit
+    def _issue_w(self, it, stage, tidx, w_base, act_base, src_off, dst_off, policy, buf, P: cutlass.Constexpr,
+                 NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr):
+        """The weight part of :meth:`_issue`: chunk ``it`` into ring stage ``stage``."""
         T = self.T
         sbase = buf + stage * self.stage_bytes
         src_w = w_base + Int64(it) * self.chunk + Int64(tidx * 16)
@@ -508,6 +555,13 @@ class WarpW4A16GroupedGemm:
             else:
                 if tidx + j * T < P:
                     self._cp_w(dst_w + j * T * 16, src_w + j * T * 16, policy)
+
+    @cute.jit
+    def _issue_a(self, stage, kt, tidx, w_base, act_base, src_off, dst_off, policy, buf, P: cutlass.Constexpr,
+                 NWP: cutlass.Constexpr, total: cutlass.Constexpr, NIT: cutlass.Constexpr):
+        """The activation part of :meth:`_issue`: K tile ``kt`` of the tile's rows into ring stage ``stage``."""
+        T = self.T
+        sbase = buf + stage * self.stage_bytes
         src_a = act_base + Int64(kt) * (self.BK * 2)
         for j in cutlass.range_constexpr(NIT):
             if const_expr(total % T == 0):
