@@ -236,8 +236,9 @@ def test_smoke_subset_builds_and_resolves(smoke_build):
         assert got == sorted(s.name for s in p.specs), p.arch
         if p.specs:
             assert manifest["archs"][p.arch]["kernels"] == len(p.specs)
-            # (sm_90a: 11.1 MiB since the setmaxnreg TN 112 / 128 / 144 model tiles)
-            assert (out / p.arch / "kernels.so").stat().st_size < 14 * 2**20
+            # (sm_90a: 11.1 MiB since the setmaxnreg TN 112 / 128 / 144 model tiles, 14.4 MiB with the warp-MMA
+            # kernels' PDL twins)
+            assert (out / p.arch / "kernels.so").stat().st_size < 16 * 2**20
         else:  # no library for an arch without kernels
             assert not (out / p.arch).exists() and manifest["archs"][p.arch]["kernels"] == 0
     assert manifest["subset"] == "smoke" and manifest["linker"] == "g++"

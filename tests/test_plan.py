@@ -132,16 +132,17 @@ def _decode_configs_expected(r) -> list:
     return [c.name() for c in dec.configs(sch, L["dt"], "swiglu", dec.knob_items(kn))]
 
 
-def _as_current(name: str) -> str:
+def _as_current(name: str, layer: str) -> str:
     """A recorded kernel name as the family names that kernel now: the warp gate/up kernels are built with
     ``warp.family.UP_ROW_BLOCKS`` row blocks per CTA (name suffix ``_r1``; ed90ab0's kernels had no streaming), and
-    every warp kernel with ``warp.family.PDL`` (suffix ``_pdl``)."""
+    the warp kernels of layers ``warp.family.pdl_launch`` takes are the PDL ones (suffix ``_pdl``)."""
     from w4a16_moe.kernels.cute.warp import family as warp
     from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig
 
     if name.startswith("warp_gate_up_") and warp.UP_ROW_BLOCKS != WarpGemmConfig.row_blocks:  # the unnamed default
         name = f"{name}_r{warp.UP_ROW_BLOCKS}"
-    if name.startswith("warp_") and warp.PDL and not name.endswith("_pdl"):  # launched with PDL since
+    L = REC["layers"][layer]
+    if name.startswith("warp_") and warp.pdl_launch(2 * L["i"], L["h"], "_tl" in name):  # launched with PDL since
         name = f"{name}_pdl"
     return name
 
@@ -167,7 +168,7 @@ def test_routed_plans_match_the_recorded_choices(finalize):
                                                          f"tuned row T={added.tokens}"), where
             continue
         assert p.family == r["family"] and dict(p.tiles) == r["tiles"], where
-        assert [c.name() for c in p.configs] == [_as_current(n) for n in r[finalize]["configs"]], where
+        assert [c.name() for c in p.configs] == [_as_current(n, r["layer"]) for n in r[finalize]["configs"]], where
         if _row_splits(r) is not None:
             assert p.splits == (r[finalize]["split_up"], r[finalize]["split_down"]), where
         else:

@@ -108,15 +108,18 @@ def test_setting_one_loops_every_warp_call_and_forced_grids(plans):
 
 
 def test_every_warp_tile_ships_with_and_without_the_loop():
-    # auto may take the loop kernels of any warp tile of any scheme (expert-parallel ranks): the AOT sets hold both
+    # auto may take the loop kernels of any warp tile of any scheme (expert-parallel ranks): the AOT sets hold both,
+    # and beside the plain kernels their PDL twins (warp.family.pdl_launch; the loop kernels are never PDL ones)
     for subset in ("smoke", "full"):
         specs = registry.get("warp").aot_variants(subset)
         loop = {s.name for s in specs if dict(s.params)["tile_loop"]}
-        plain = [s for s in specs if not dict(s.params)["tile_loop"]]
-        assert len(loop) == len(plain) > 0
+        plain = [s for s in specs if not dict(s.params)["tile_loop"] and not dict(s.params)["pdl"]]
+        pdl = {s.name for s in specs if dict(s.params)["pdl"]}
+        assert len(loop) == len(plain) == len(pdl) > 0
         for s in plain:
             twin = warp_fam.spec_for(WarpGemmConfig(**dict(dict(s.params), tile_loop=True)))
             assert twin.name in loop, s.name
+            assert warp_fam.spec_for(WarpGemmConfig(**dict(dict(s.params), pdl=True))).name in pdl, s.name
 
 
 def test_tile_loop_is_a_codegen_field():

@@ -69,6 +69,8 @@ TOL = 0.02
 ALL_SCHEMES = list(SCHEMES)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BUCKETS = {f"t{t['tokens_per_tile']}": t for _, t in fam.TILES}
+#: the same tiles as the provider launches them with PDL (warp.family.pdl_launch: small-expert layers)
+PDL_BUCKETS = {b + "pdl": dict(t, pdl=True) for b, t in BUCKETS.items()}
 TOKENS = [0, 1, 7, 8, 9, 33, 300]
 
 # parametrization tables (also the source of needed_specs())
@@ -82,8 +84,9 @@ def _cfgs(scheme: str, dtype: str, activation: str, bucket: str):
     """(gate_up, down y, down atomic_f32) configs."""
     sch = get_scheme(scheme)
     gated = get_activation(activation).gated
-    up, down_y = fam.gemm_configs(sch, dtype, activation, gated, "deterministic", BUCKETS[bucket])
-    _, down_a = fam.gemm_configs(sch, dtype, activation, gated, "fused", BUCKETS[bucket])
+    tiles = {**BUCKETS, **PDL_BUCKETS}[bucket]
+    up, down_y = fam.gemm_configs(sch, dtype, activation, gated, "deterministic", tiles)
+    _, down_a = fam.gemm_configs(sch, dtype, activation, gated, "fused", tiles)
     return {"gate_up": up, "down_y": down_y, "down_atomic": down_a}
 
 
@@ -101,6 +104,8 @@ def needed_specs() -> list:
     for b in BUCKETS:
         cfgs += _cfgs("int4_g128", "bf16", "swiglu", b).values()
         cfgs += _cfgs("int4_g32", "bf16", "swiglu", b).values()  # W1 benchmark
+    for b in PDL_CASES:
+        cfgs += _cfgs("int4_g32", "bf16", "swiglu", b).values()
     out, seen = [], set()
     for s in [fam.spec_for(c) for c in cfgs] + stream_specs():
         if s not in seen:
@@ -401,6 +406,23 @@ def test_split_k_deterministic(splits, gemm, bucket):
         if gemm != "down_atomic":  # FP32 atomics are order-nondeterministic by design
             for o in outs[1:]:
                 assert torch.equal(o, outs[0]), f"{gemm} {bucket} splits={splits} T={t}: not bit-identical"
+
+
+#: PDL kernels (griddepcontrol; launched here after the test's own kernels, so the waits return at once): TN 8 and
+#: 64, with and without split-K; the down GEMM issues its first weight stages before its wait (streaming at TN 8)
+PDL_CASES = ["t8pdl", "t64pdl"]
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("bucket", PDL_CASES)
+def test_pdl_kernels(bucket, gemm, splits):
+    assert all(c.pdl for c in _cfgs("int4_g32", "bf16", "swiglu", bucket).values())
+    for t in (1, 33, 300):
+        outs = _run_case("int4_g32", "bf16", "swiglu", bucket, gemm, t, case="ep_invalid", seed=t, splits=splits,
+                         repeats=2)
+        if gemm != "down_atomic":
+            assert torch.equal(outs[1], outs[0]), f"{gemm} {bucket} splits={splits} T={t}: not bit-identical"
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -337,8 +337,11 @@ def test_config_names_unique_and_complete():
 
 def test_variant_sets():
     smoke = fam.aot_variants("smoke")
-    # 2 INT4 schemes x (buckets + the cost model's TN 24 tile) x (gate_up, down y, down atomic) x (tile loop or not)
-    assert len(smoke) == 2 * (len(fam.TILES) + len(fam.MODEL_TILES)) * 3 * 2
+    # 2 INT4 schemes x (buckets + the cost model's TN 24 tile) x (gate_up, down y, down atomic) x (launched plain,
+    # with PDL, or looping over its tiles)
+    assert len(smoke) == 2 * (len(fam.TILES) + len(fam.MODEL_TILES)) * 3 * 3
+    assert sum(fam.config_from_spec(s).pdl for s in smoke) == len(smoke) // 3
+    assert not any(fam.config_from_spec(s).pdl and fam.config_from_spec(s).tile_loop for s in smoke)
     full = fam.aot_variants("full")
     assert set(smoke) <= set(full)
     kinds = {fam.config_from_spec(s).kind for s in full}

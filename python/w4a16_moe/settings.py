@@ -120,7 +120,7 @@ SETTINGS = (
             "compiles no Triton kernel for them at run time), else Triton.", ("auto", "cute", "triton")),
     Setting("W4A16_MOE_PDL", "pdl", "bool", True,
             "Programmatic dependent launch between the kernels of a call (SM90+); `0` turns it off for the "
-            "route preparation and the finalize."),
+            "route preparation, the finalize and the warp-MMA GEMMs."),
     Setting("W4A16_MOE_TORCH_OP", "torch_op", "bool", True,
             "Launch kernels through the stable-ABI op library `w4a16_moe_C`; `0` uses ctypes instead."),
     Setting("W4A16_MOE_TORCH_OP_LIB", "torch_op_lib", "path", None,

@@ -285,6 +285,8 @@ def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles:
     # the tile loop is how this plan launches the candidate's kernels (its grid is ``grid_tiles``), not part of the
     # tile: the plan keeps the candidate's tiles, so a plan names the candidate that reproduces it
     kernel_tiles = dict(tiles, tile_loop=True) if grid_tiles else tiles
+    if _warp_pdl(fam, call, info, grid_tiles):  # likewise the launch with PDL
+        kernel_tiles = dict(kernel_tiles, pdl=True)
     up, down = fam.configs(sch, dt, act.name, act.gated, call.finalize, kernel_tiles, bias=call.has_bias)
     hp, ip, n13 = _padded(fam, up, down, call, sch)
     if call.finalize == "deterministic" and batch_invariant():
@@ -322,6 +324,16 @@ def _tile_loop_grid(fam: KernelFamily, num_routes: int, num_experts: int, tn: in
 
     grid = loop_grid(num_routes, num_experts, tn, top_k, global_experts, bound)
     return grid if mode == "1" or grid <= TILE_LOOP_AUTO_FRACTION * bound else 0
+
+
+def _warp_pdl(fam: KernelFamily, call, info: DeviceInfo, grid_tiles: int) -> bool:
+    """Whether the warp-MMA family's kernels of this call are launched with PDL (:func:`.warp.family.pdl_launch`;
+    ``W4A16_MOE_PDL=0`` turns it off; SM90 and later)."""
+    if fam.name != "warp" or not settings.get().pdl or not info.capability or info.capability[0] < 9:
+        return False
+    from .warp.family import pdl_launch
+
+    return pdl_launch((2 if call.activation.gated else 1) * call.intermediate, call.hidden, bool(grid_tiles))
 
 
 def _padded(fam: KernelFamily, up, down, call, sch) -> tuple:

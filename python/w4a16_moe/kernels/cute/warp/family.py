@@ -105,10 +105,21 @@ group_param = tiles_rule.group_param
 #: The down kernels keep ``row_blocks = 8`` (K = the intermediate size, often 256-512: they stream).
 UP_ROW_BLOCKS = 1
 
-#: the family's kernels are launched with programmatic dependent launch (:attr:`.config.WarpGemmConfig.pdl`): gate/up
-#: waits for the route preparation, down streams its first weight stages before it waits for h, and lets the finalize
-#: launch at once. SM90 and later; the sm_80-89 builds of the same configs have no griddepcontrol.
-PDL = True
+#: the family's kernels are launched with programmatic dependent launch (:attr:`.config.WarpGemmConfig.pdl`: gate/up
+#: waits for the route preparation, down streams its first weight stages before it waits for h and lets the finalize
+#: launch at once) on layers whose experts' gate/up weights are at most this many bytes, unless they loop over their
+#: tiles (:func:`pdl_launch`). H100, docs/perf/2026-12-05-warp-decode-tiles section 5 (7 layers at 8-64 tokens, two
+#: runs): 0.93-0.99 x on layers of small experts (``128,4096,384,8``: 1.6 MB; ``160,5120,1536,6``: 7.9 MB;
+#: ``32,7168,2048,8,256``: 14.7 MB at 16-64 tokens), 1.01-1.03 x on ``16,4096,6400,2`` (26 MB) and
+#: ``8,4096,14336,2`` (59 MB) at 8-16 tokens, 1.03-1.10 x with the tile-loop kernels (expert-parallel ranks at
+#: 8 tokens)
+PDL_MAX_EXPERT_BYTES = 16 << 20
+
+
+def pdl_launch(gate_up_rows: int, hidden: int, tile_loop: bool) -> bool:
+    """Whether a call's warp-MMA kernels are the PDL ones (:data:`PDL_MAX_EXPERT_BYTES`): ``gate_up_rows`` (2 I,
+    or I ungated) x ``hidden`` 4-bit weights per expert, the tile loop off. SM90 and later (the provider asks)."""
+    return not tile_loop and gate_up_rows * hidden // 2 <= PDL_MAX_EXPERT_BYTES
 
 
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
@@ -120,8 +131,7 @@ def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str
 @functools.lru_cache(maxsize=4096)
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = dict(tiles_items)
-    common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, pdl=PDL,
-                  **tiles)
+    common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
     up = kernel_config(mode="gate_up", activation=activation, bias=bias, **dict(common, row_blocks=UP_ROW_BLOCKS))
     det = finalize == "deterministic"
     down = kernel_config(mode="down", epilogue="y" if det else "atomic_f32", bias=bias and det, **common)
@@ -186,7 +196,8 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              tiles: Optional[Iterable[dict]] = None, biases=(False,), loops=(False, True)) -> list:
     """Every spec a provider can select for the given schemes (default: every scheme, INT4 and FP4),
     activations (canonical names) and bias settings, each tile with and without the tile loop (``loops``: the
-    provider's ``W4A16_MOE_TILE_LOOP=auto`` takes the loop kernels of any tile on expert-parallel ranks)."""
+    provider's ``W4A16_MOE_TILE_LOOP=auto`` takes the loop kernels of any tile on expert-parallel ranks) and, without
+    it, with and without programmatic dependent launch (:func:`pdl_launch`)."""
     from ....formats.schemes import SCHEMES
     from ..common.codes import is_gated
 
@@ -195,8 +206,10 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
     out, seen = [], set()
     for sch in schemes:
         for dt in dtypes:
-            for t in [dict(t, tile_loop=True) if loop else t
-                      for t in (list(tiles) if tiles is not None else model_tiles(sch)) for loop in loops]:
+            # each tile as the provider launches it: plain, PDL (pdl_launch) or looping over its tiles (never PDL)
+            for t in [dict(t, tile_loop=True) if loop else dict(t, pdl=pdl)
+                      for t in (list(tiles) if tiles is not None else model_tiles(sch)) for loop in loops
+                      for pdl in ((False,) if loop else (False, True))]:
                 for act in activations:
                     for fin in finalizes:
                         for bias in biases:
