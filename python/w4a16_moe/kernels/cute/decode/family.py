@@ -500,7 +500,7 @@ class DecodeFamily:
     role = "decode"
     beside = "sm90"
     compile_fn = f"{__name__}:_compile"
-    sources = ("w4a16_moe.kernels.cute.decode.gemv", "w4a16_moe.kernels.cute.decode.config",
+    sources = ("w4a16_moe.kernels.cute.decode.gemv", "w4a16_moe.kernels.cute.decode.config", "w4a16_moe.kernels.cute.decode.loads",
                "w4a16_moe.kernels.cute.common.ptx", "w4a16_moe.kernels.cute.common.codes",
                "w4a16_moe.kernels.cute.common.epilogue", "w4a16_moe.kernels.cute.common.grid", "w4a16_moe.kernels.cute.common.dequant")
     sass_expect = SASS_EXPECT

@@ -101,6 +101,7 @@ from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_mo
 from ..common.dequant import e2m1_pair
 from ..common.epilogue import act, split_arrive
 from ..common.grid import fake_launch_args
+from .loads import INT4_SYM_BIAS_X16, ld_act, ld_stream
 from .config import DecodeGemvConfig
 
 __all__ = ["Sm90W4A16DecodeGemv", "DecodeGemvConfig", "PTXAS_OPTIONS"]
@@ -155,6 +156,16 @@ class Sm90W4A16DecodeGemv:
         self.sym_bias = INT4_SYM_BIAS[c.dtype]  # -(magic + 8) in both halves
         self.outs = (self.X // 2 if c.gated else self.X) * 16  # outputs per CTA
         self.pdl = c.pdl and c.mode == "down"
+        # lean load batches, with FP32 scales of one group per k64 unit (g >= 64: the default knob sets of INT4 g >= 64):
+        # whole batches with plain loads (the part's last one predicated) and their K tile from a shift and a mask.
+        # Not with 16-bit scales (H100: the unroll-8 knob sets 1.14-1.30 x slower with it, docs/perf/2026-12-05-decode-
+        # lean-batches) nor with FP32 scales of several groups per unit (254-255 registers: they spill); those
+        # kernels are main's code before the change
+        self.plain_batches = c.fp32_scale and self.wpu == 1
+        # FP16 with lean batches and no zero points: the nibbles at bits 4..7 of each half (A fragment registers 1 and
+        # 3: rows g + 8) are decoded in place as 16 (c - 8), one shift a code word instead of three; those rows' group
+        # sums are then 16 x and their scale is taken / 16 in FP32 (exact): bit-identical results
+        self.x16 = self.plain_batches and c.dtype == "fp16" and not c.zero_point
         self.ctas = c.ctas
         if c.ctas < 0 or c.ctas > 65535:
             raise ValueError("ctas must be 0 (one CTA per work unit) or a CTA count in 1..65535")
@@ -473,9 +484,18 @@ class Sm90W4A16DecodeGemv:
         magic = Int32(ptx.signed32(self.magic))
         sym = Int32(ptx.signed32(self.sym_bias))
         xoff = (lane % 4) * 4
-        for b in cutlass.range(nbat, unroll=1):
-            bt = self._load_batch(wb, row, u0 + b * U, u1, t, q, xoff, pol)
-            self._mma_batch(acc, bt, magic, sym)
+        if const_expr(self.plain_batches):
+            nfull = cutlass.max(u1 - u0, 0) // U  # batches whose units are all in range: plain loads
+            for b in cutlass.range(nfull, unroll=1):
+                bt = self._load_batch_lean(wb, row, u0 + b * U, u1, t, q, xoff, pol, True)
+                self._mma_batch(acc, bt, magic, sym)
+            if nbat > nfull:
+                bt = self._load_batch_lean(wb, row, u0 + nfull * U, u1, t, q, xoff, pol, False)
+                self._mma_batch(acc, bt, magic, sym)
+        else:
+            for b in cutlass.range(nbat, unroll=1):
+                bt = self._load_batch(wb, row, u0 + b * U, u1, t, q, xoff, pol)
+                self._mma_batch(acc, bt, magic, sym)
 
     @cute.jit
     def _load_batch(self, wb, row, ub, u1, t, q, xoff, pol):
@@ -506,6 +526,55 @@ class Sm90W4A16DecodeGemv:
             bia.append(bw)
             xa = row + Int64(u * 128 + xoff)
             xw.append([ptx.ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
+        return codes, scl, bia, xw
+
+    @cute.jit
+    def _load_batch_lean(self, wb, row, ub, u1, t, q, xoff, pol, full: cutlass.Constexpr):
+        """:meth:`_load_batch` of the lean kernels (:attr:`plain_batches`): the K tile from a shift and a mask, and
+        with ``full`` (every unit before ``u1``) plain loads, no predicate and no zero fill."""
+        X, C, U, BK = self.X, self.C, self.U, self.BK
+        cfg = self.cfg
+        g = cfg.group
+        codes, scl, bia, xw = [], [], [], []
+        for ii in cutlass.range_constexpr(U):
+            u = ub + ii
+            ok = Int32(1)
+            if const_expr(not full):
+                ok = Int32(0)
+                if u < u1:
+                    ok = Int32(1)
+            # u >= 0 and C is 1 or 2: a shift and a mask (a signed division costs ~6 instructions a unit)
+            if const_expr(C == 1):
+                kt = u
+                c = 0
+            else:
+                kt = u >> 1
+                c = u & 1
+            # the unit's first scale word in its K tile: (c * 64) // g, 0 when the group spans the tile
+            gi0 = c * (64 // g) if const_expr(g and g <= 64) else 0
+            cb = wb + Int64(kt) * Int64(self.chunk)
+            cw, sw, bw = [], [], []
+            for x in cutlass.range_constexpr(X):
+                ca = cb + Int64(((x * C + c) * 128 + t) * 16)
+                sa = cb + Int64(self.code_bytes + ((x * 32 + q) * self.gpt + gi0) * 4)
+                if const_expr(full):
+                    cw.append(ld_stream(ca, pol, 4))
+                    sw.append(ld_stream(sa, pol, self.wpu))
+                    if const_expr(cfg.zero_point):
+                        bw.append(ld_stream(sa + self.scale_bytes, pol, self.wpu))
+                else:
+                    cw.append(ptx.ld_stream_pred(ca, ok, pol, 4))
+                    sw.append(ptx.ld_stream_pred(sa, ok, pol, self.wpu))
+                    if const_expr(cfg.zero_point):
+                        bw.append(ptx.ld_stream_pred(sa + self.scale_bytes, ok, pol, self.wpu))
+            codes.append(cw)
+            scl.append(sw)
+            bia.append(bw)
+            xa = row + Int64(u * 128 + xoff)
+            if const_expr(full):
+                xw.append([ld_act(xa + (32 * (v // 2) + 16 * (v % 2))) for v in range(8)])
+            else:
+                xw.append([ptx.ld_act_pred(xa + (32 * (v // 2) + 16 * (v % 2)), ok) for v in range(8)])
         return codes, scl, bia, xw
 
     @cute.jit
@@ -560,6 +629,8 @@ class Sm90W4A16DecodeGemv:
         g = cfg.group
         codes, scl, bia, xw = bt
         ngr = self.wpu  # scale groups per k64 unit
+        if const_expr(self.x16):
+            sym16 = Int32(ptx.signed32(INT4_SYM_BIAS_X16[cfg.dtype]))
         for ii in cutlass.range_constexpr(U):
             for x in cutlass.range_constexpr(X):
                 for gi in cutlass.range_constexpr(ngr):
@@ -567,21 +638,32 @@ class Sm90W4A16DecodeGemv:
                     for jj in cutlass.range_constexpr(gi * 4 // ngr, (gi + 1) * 4 // ngr):
                         word = codes[ii][x][jj]
                         a = []
-                        for i in cutlass.range_constexpr(4):
-                            src = word if i == 0 else (word >> (4 * i))
-                            v = ptx.lop3_and_or(src, 0x000F000F, magic)
-                            if const_expr(cfg.zero_point):
-                                bv = bia[ii][x][gi]
-                                bias = ptx.prmt_imm(bv, 0x1010) if i % 2 == 0 else ptx.prmt_imm(bv, 0x3232)
-                            else:
-                                bias = sym
-                            a.append(ptx.packed_add(v, bias, self.is_bf16))
+                        if const_expr(self.x16):
+                            # registers 0 / 2: magic + c (bits 0..3); 1 / 3: magic + 16 c (bits 4..7), of word, word >> 8
+                            w8 = word >> 8
+                            for i in cutlass.range_constexpr(4):
+                                src = word if i < 2 else w8
+                                v = ptx.lop3_and_or(src, 0x00F000F0 if i % 2 else 0x000F000F, magic)
+                                a.append(ptx.packed_add(v, sym16 if i % 2 else sym, self.is_bf16))
+                        else:
+                            for i in cutlass.range_constexpr(4):
+                                src = word if i == 0 else (word >> (4 * i))
+                                v = ptx.lop3_and_or(src, 0x000F000F, magic)
+                                if const_expr(cfg.zero_point):
+                                    bv = bia[ii][x][gi]
+                                    bias = ptx.prmt_imm(bv, 0x1010) if i % 2 == 0 else ptx.prmt_imm(bv, 0x3232)
+                                else:
+                                    bias = sym
+                                a.append(ptx.packed_add(v, bias, self.is_bf16))
                         d = ptx.mma_16816(a[0], a[1], a[2], a[3], xw[ii][2 * jj], xw[ii][2 * jj + 1],
                                           ua[0], ua[1], ua[2], ua[3], self.is_bf16)
                         ua = [d[0], d[1], d[2], d[3]]
                     sv = scl[ii][x][gi]
+                    s_hi = ptx.half_to_f32(sv, True, self.is_bf16)
+                    if const_expr(self.x16):
+                        s_hi = s_hi * Float32(0.0625)  # rows g + 8 summed 16 (c - 8) x: exact in FP32
                     acc[4 * x] = acc[4 * x] + ptx.half_to_f32(sv, False, self.is_bf16) * ua[0]
-                    acc[4 * x + 2] = acc[4 * x + 2] + ptx.half_to_f32(sv, True, self.is_bf16) * ua[2]
+                    acc[4 * x + 2] = acc[4 * x + 2] + s_hi * ua[2]
 
     # ------------------------------------------------------------------------------------------------------
     @cute.jit
