@@ -29,11 +29,13 @@ FIT = [os.path.join(PERF, "2026-12-01-row-streaming", f)
 #: sweeps that extend the fit with choices the sweeps before them never timed (TN 96 / 112 with four widths, timed
 #: beside the defaults on 10 layers at 16-4096 tokens; then TN 112 / 128 / 144 with setmaxnreg on 8 layers at
 #: 1024-8192 tokens; then the ping-pong down GEMMs behind TN 96 / 112 / 128 on 7 layers at 512-8192 tokens, timed
-#: on an H100 and put on the H200's clock, docs/perf/2026-12-05-wide-pp-down); they leave the entries fitted before
-#: them as they are
+#: on an H100 and put on the H200's clock, docs/perf/2026-12-05-wide-pp-down; then the four-consumer-warpgroup tiles
+#: on 12 layers at 256-4096 tokens from an H100, on the H200's clock, and on 14 layers at 256-4096 tokens from an H200,
+#: docs/perf/2026-12-05-four-consumer-wg); they leave the entries fitted before them as they are
 EXTEND = [os.path.join(PERF, "2026-12-04-wide-tiles", "explore_wide.json"),
           os.path.join(PERF, "2026-12-05-setmaxnreg-tiles", "explore_mr.json"),
-          os.path.join(PERF, "2026-12-05-wide-pp-down", "sweep_fit_h200eq.json")]
+          os.path.join(PERF, "2026-12-05-wide-pp-down", "sweep_fit_h200eq.json"),
+          os.path.join(PERF, "2026-12-05-four-consumer-wg", "explore_wg4_fit.json")]
 #: sweeps the model never saw: at the fit's kernels, at f09b27b's and at two earlier revisions (their kernels'
 #: down GEMMs loaded route ids in the store loop, docs/perf/2026-12-01-epilogue-t24)
 HELD = [os.path.join(ROOT, PERF, "2026-12-01-row-streaming", "heldout_int4_g128.json"),
@@ -105,6 +107,26 @@ def test_the_warp_model_tiles_are_int4_candidates_beside_the_buckets():
     full = warp.aot_variants("full")
     t24_specs = [s for s in full if dict(s.params)["tokens_per_tile"] == 24]
     assert t24_specs and all(dict(s.params)["kind"] == "int4" for s in t24_specs)
+
+
+def test_the_four_warpgroup_tiles_are_chosen_only_where_they_pad_few_gate_up_rows():
+    wg4 = [t for t in fam.MODEL_TILES if t.get("consumer_wgs") == 4]
+    assert [t["tokens_per_tile"] for t in wg4] == [48, 64]
+    for t in wg4:
+        # 512 rows per CTA: 2 I = 768 pads a third (out), 2816 pads 9% (in), multiples of 512 pad nothing (in)
+        assert not fam.in_model_domain("sm90", t, 384) and not fam.in_model_domain("sm90", t, 896)
+        assert all(fam.in_model_domain("sm90", t, i) for i in (256, 704, 1408, 1536, 2048, 2880))
+        assert not fam.in_model_domain("sm90", t, 768, gated=False) and fam.in_model_domain("sm90", t, 1024, False)
+    for tokens in (384, 512, 768, 1024):  # Qwen3-235B TP4's shape (I = 384), where they measured 1.07-1.09 x behind
+        got = fam.model_choice(tokens * 8, 128, 4096, 384, True, 8)
+        assert got is not None and got[1].get("consumer_wgs") != 4
+    # DeepSeek-V2's shape at 1024 tokens: TN 48 over four warpgroups (H200: 861.8 against 980.6 us)
+    assert fam.model_choice(1024 * 6, 160, 5120, 1536, True, 6)[1] == fam._W4_MR(48)
+    # not for INT4 g32 with zero points (their kernels spill at 112 registers): neither chosen nor built
+    assert fam.model_choice(1024 * 6, 160, 5120, 1536, True, 6, scheme="int4_g32_zp")[1].get("consumer_wgs") != 4
+    assert fam.model_choice(1024 * 6, 160, 5120, 1536, True, 6, scheme="int4_g64_zp")[1] == fam._W4_MR(48)
+    assert not any(t.get("consumer_wgs") == 4 for t in fam.selectable_tiles("int4_g32_zp"))
+    assert all(t in fam.selectable_tiles(s) for s in ("int4_g32", "int4_g128_zp", "int4_channel") for t in wg4)
 
 
 def test_the_ping_pong_down_tiles_are_chosen_only_where_their_activation_tile_stays_resident():

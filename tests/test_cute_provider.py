@@ -304,3 +304,25 @@ def test_masked_cuda_graph():
         assert torch.equal(out, wm.fused_moe_masked(x, w, m, backend="cute"))
         ref = wm.reference_moe_masked(x, w, m)
         assert nrmse(out, ref) < TOL
+
+
+# four consumer warpgroups (512 weight rows per CTA, 640 threads): candidates 80-82 (TN 48 / 64 / 40, setmaxnreg
+# 32 / 112 or 40 / 104), several tiles per expert, split-K off and on, every width of the tn_variants tiles, a bitwise
+# repeat
+WG4_TILES = [t for t in fam.CANDIDATES if t.get("consumer_wgs") == 4]
+assert [t["tokens_per_tile"] for t in WG4_TILES] == [48, 64, 40]
+
+
+@pytest.mark.parametrize("tile", range(len(WG4_TILES)))
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_four_consumer_warpgroup_tiles(tile, splits, finalize):
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+
+    name = candidate_name(WG4_TILES[tile])
+    w = _weights("int4_g32", h=1024, i=512, seed=90 + tile)
+    with fam.forced(name, splits):
+        for tokens in (37, 300):
+            x, tw, ids, out = _run(w, tokens, 8, finalize=finalize, seed=tile + tokens)
+            if finalize == "deterministic":
+                assert torch.equal(wm.fused_moe(x, w, tw, ids, backend="cute"), out)

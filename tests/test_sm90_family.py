@@ -178,3 +178,23 @@ def test_forced_overrides_the_choice_and_always_clears():
     assert overrides.current().candidate is None
     with fam.forced(None):  # forces nothing
         assert fam.choose_with_family(*args) == unforced
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")
+def test_four_consumer_warpgroups_plan_and_compile():
+    """512 weight rows per CTA in four consumer warpgroups of two m64 blocks each (640 threads), with and without
+    setmaxnreg: the budgets must fit what 640 threads can launch with (96 registers each)."""
+    from w4a16_moe.kernels.cute.sm90.grouped_gemm import Sm90W4A16GroupedGemm
+
+    base = dict(mode="gate_up", m64_per_block=8, tokens_per_tile=48, k_tile=64, stages=4, consumer_wgs=4)
+    k = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base))
+    assert (k.threads, k.ncons, k.XW) == (640, 512, 2) and k.smem_bytes <= 227 * 1024
+    mr = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, setmaxnreg=True, producer_regs=32, consumer_regs=112))
+    with pytest.raises(ValueError, match="consumer_wgs must be 1, 2 or 4"):
+        Sm90W4A16GroupedGemm(Sm90GemmConfig(**dict(base, m64_per_block=6, consumer_wgs=3)))
+    with pytest.raises(ValueError, match="budgets within 96 registers x 640 threads"):
+        Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, setmaxnreg=True, producer_regs=40, consumer_regs=112))
+    with pytest.raises(ValueError, match="setmaxnreg needs consumer_wgs >= 2"):
+        Sm90W4A16GroupedGemm(Sm90GemmConfig(**dict(base, consumer_wgs=1), setmaxnreg=True))
+    k.compile("sm_90a")
+    mr.compile("sm_90a")

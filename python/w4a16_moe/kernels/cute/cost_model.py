@@ -57,7 +57,7 @@ def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int, rbc: 
     waves)`` of one GEMM of ``n`` x ``k`` over ``tiles`` expected token tiles of ``tn`` tokens, ``rows`` weight
     rows per row block, ``rbc`` row blocks per CTA and ``slots`` CTAs per wave (what :func:`gemm_us` weighs with
     ``a, b, c, d`` and ``scripts/fit_cost_model.py`` fits)."""
-    ctas = max(1, -(-max(1, n // rows) // rbc)) * max(1.0, tiles)
+    ctas = max(1, -(-max(1, -(-n // rows)) // rbc)) * max(1.0, tiles)
     waves = max(1, math.ceil(ctas / slots - 1e-6))
     w = tiles * n * k / 2
     return 1.0, max(w, waves * slots * rbc * rows * k / 2) / 1e6, waves * tn * rbc * rows / 1e3, float(waves)

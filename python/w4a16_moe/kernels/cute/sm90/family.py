@@ -107,6 +107,19 @@ def _W2_MR(tn: int) -> dict:
     return {**_W2_V4(tn), "setmaxnreg": True, "producer_regs": 56, "consumer_regs": 224}
 
 
+def _W4_V4(tn: int) -> dict:
+    """512 weight rows over four consumer warpgroups at BK 64, 4 stages, four token widths: Humming's mid-size tile
+    shape (docs/perf/2026-12-05-four-consumer-wg)."""
+    return dict(tokens_per_tile=tn, m64_per_block=8, k_tile=64, stages=4, consumer_wgs=4, tn_variants=4)
+
+
+def _W4_MR(tn: int, regs: tuple = (32, 112)) -> dict:
+    """:func:`_W4_V4` with ``setmaxnreg``: ``regs`` = (producer, consumer) registers a thread, within the 96 that 640
+    threads launch with (32 * 128 + 112 * 512 = 96 * 640). At TN <= 48, 32 / 112 keeps the WGMMAs in flight (at 96 or
+    40 / 104 ptxas serializes them); at TN 64 no split within the budget does (docs/perf/2026-12-05-four-consumer-wg)."""
+    return {**_W4_V4(tn), "setmaxnreg": True, "producer_regs": regs[0], "consumer_regs": regs[1]}
+
+
 _UP_T32 = dict(tokens_per_tile=32, m64_per_block=2, k_tile=128, stages=4, consumer_wgs=1, schedule="serial")
 
 
@@ -231,6 +244,10 @@ EXTRA_TILES = (
     # candidate 79: no model tile (withdrawn, docs/perf/2026-12-05-wide-pp-down: two unexplained launch failures of
     # 6-stage / 6-slot ping-pong down GEMMs under repeated CUDA-graph replay); only forcing or the tuned table select it
     {**_W2_V4(96), **_pp_wide(6, 6, setmaxnreg=True)},
+    # candidates 80-82: four consumer warpgroups, 512 weight rows per CTA (docs/perf/2026-12-05-four-consumer-wg)
+    _W4_MR(48),  # MODEL_TILES
+    _W4_MR(64, (40, 104)),  # MODEL_TILES; WGMMAs serialized (SASS_SERIAL_OK)
+    _W4_MR(40),
 )
 #: the rule's tiles before its re-fit (candidates 0-4; the new rule's tiles are candidates among these and
 #: :data:`EXTRA_TILES`, so candidate indices, which the tuner's ``--buckets`` and docs/perf use, stay stable)
@@ -439,7 +456,8 @@ def rule_choice(num_routes: int, num_experts: int, top_k: Optional[int] = None,
     the buckets of :data:`WARP_RULE` when the warp family may be chosen and ``scheme`` is not FP4
     (:data:`SM90_ONLY_FP4`; None: INT4), else :data:`TILES`."""
     if hidden is not None and intermediate is not None and not _fp4(scheme):
-        got = model_choice(num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts, sm_count)
+        got = model_choice(num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts, sm_count,
+                           scheme)
         if got is not None:
             return got[0], got[1], None
     if settings.get().cute_family == "auto" and not (SM90_ONLY_FP4 and _fp4(scheme)):
@@ -473,6 +491,8 @@ MODEL_TILES = (
     _W2_MR(144),
     {**_W2_MR(112), **_pp_wide(8, 4)},
     {**_W2_MR(128), **_pp_wide(4, 4)},
+    _W4_MR(48),
+    _W4_MR(64, (40, 104)),
 )
 assert all(t in CANDIDATES for t in MODEL_TILES), "every model tile must be a candidate"
 
@@ -489,14 +509,37 @@ def model_candidates() -> list:
     return out
 
 
-def in_model_domain(family: str, tiles: dict, intermediate: int) -> bool:
+#: the most padding the four-consumer-warpgroup tiles (512 weight rows per CTA) may add to the gate/up GEMM's rows
+WG4_MAX_PAD = 0.125
+
+
+def scheme_ok(tiles: dict, scheme) -> bool:
+    """Whether a model tile is built and chosen for ``scheme`` (None: any INT4 scheme): every tile but the
+    four-consumer-warpgroup ones for INT4 g32 with zero points, whose per-group zero points do not fit the 112
+    registers a consumer thread has (their kernels use local memory; docs/perf/2026-12-05-four-consumer-wg)."""
+    if scheme is None or tiles.get("consumer_wgs") != 4:
+        return True
+    from ....formats.schemes import get_scheme
+
+    sch = get_scheme(scheme)
+    return not (sch.zero_point and group_param(sch) == 32)
+
+
+def in_model_domain(family: str, tiles: dict, intermediate: int, gated: bool = True) -> bool:
     """Whether the cost model may choose ``family``'s ``tiles`` for a layer of ``intermediate`` (the down GEMM's
     K). An SM90 down GEMM of several row blocks per CTA (the ping-pong tiles) keeps its activation tile resident
     only while its ``ceil(I / BK)`` K tiles fit its B slots; past that it re-gathers the tile with every stage,
     where it measured slow and where its model entry is not fitted (``scripts/fit_cost_model.py`` skips those
-    rows). Every other choice is in the domain."""
+    rows). The four-consumer-warpgroup tiles (512 rows per CTA) only where they pad the gate/up GEMM's ``2 I``
+    (``I`` not gated) rows by at most :data:`WG4_MAX_PAD`: at ``I = 384`` (a third of the rows padding) they
+    measured 1.06-1.14 x behind on every layer (docs/perf/2026-12-05-four-consumer-wg). Every other choice is in
+    the domain."""
     if family != "sm90":
         return True
+    if tiles.get("consumer_wgs") == 4:
+        n, rows = (2 if gated else 1) * intermediate, 64 * tiles["m64_per_block"]
+        if -(-n // rows) * rows > (1 + WG4_MAX_PAD) * n:
+            return False
     down = kernel_config(mode="down", **_split_tiles(tiles.items())[1])
     if down.row_blocks_per_cta <= 1:
         return True
@@ -505,14 +548,14 @@ def in_model_domain(family: str, tiles: dict, intermediate: int) -> bool:
 
 def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
                  top_k: Optional[int] = None, global_experts: Optional[int] = None,
-                 sm_count: int = DEFAULT_SM_COUNT) -> Optional[tuple]:
+                 sm_count: int = DEFAULT_SM_COUNT, scheme=None) -> Optional[tuple]:
     """``(family, tiles, predicted us)`` of the cost model's (:mod:`..cost_model`) fastest
-    :func:`model_candidates` choice for a call (of those :func:`in_model_domain`), or None when the model knows
-    none of them."""
+    :func:`model_candidates` choice for a call (of those :func:`in_model_domain`; the four-consumer-warpgroup
+    tiles only where :func:`scheme_ok`), or None when the model knows none of them."""
     from .. import cost_model
 
     by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
-               if in_model_domain(f, t, intermediate)}
+               if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)}
     got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
                           sm_count)
     if got is None:
@@ -556,7 +599,7 @@ def selectable_tiles(scheme: Optional[str] = None) -> list:
     tuned rows are keyed by scheme)."""
     rule = [t for _, t in TILES]
     if scheme is None or not _fp4(scheme):
-        rule += [dict(t) for t in MODEL_TILES if t not in rule]
+        rule += [dict(t) for t in MODEL_TILES if t not in rule and scheme_ok(t, scheme)]
     used = {row.candidate for key, rows in _tuned_table().items() for row in rows
             if row.family == "sm90" and (scheme is None or f"|{scheme}|" in key)}
     extra = [t for t in CANDIDATES if tuned.candidate_name(t) in used and t not in rule]
@@ -646,6 +689,11 @@ SASS_SERIAL_OK = (
     {"archs": ("sm_90a",), "params": {"tokens_per_tile": 128, "m64_per_block": 4, "consumer_wgs": 2, "setmaxnreg": False},
      "why": "TN 128 over two warpgroups of two m64 blocks: candidate 4, a tuner-only tile, timed as built "
             "(docs/perf/2026-12-04-wgmma-serial)"},
+    {"archs": ("sm_90a",), "params": {"tokens_per_tile": 64, "m64_per_block": 8, "consumer_wgs": 4, "setmaxnreg": True,
+                                      "producer_regs": 40, "consumer_regs": 104},
+     "why": "TN 64 over four warpgroups of two m64 blocks (640 threads: 96 registers, setmaxnreg at most 32 / 112): "
+            "no register split unserializes it; candidate 81, timed and fitted as built "
+            "(docs/perf/2026-12-05-four-consumer-wg)"},
 )
 
 

@@ -142,12 +142,15 @@ class Sm90W4A16GroupedGemm:
             raise ValueError("tokens_per_tile must be a multiple of 8 in [8, 256]")
         if not 1 <= c.tn_variants <= 4 or c.tokens_per_tile - 8 * (c.tn_variants - 1) < 8:
             raise ValueError("tn_variants must be in [1, 4] with tokens_per_tile - 8 * (tn_variants - 1) >= 8")
-        if c.consumer_wgs not in (1, 2) or c.m64_per_block % c.consumer_wgs:
-            raise ValueError("consumer_wgs must be 1 or 2 and divide m64_per_block")
+        if c.consumer_wgs not in (1, 2, 4) or c.m64_per_block % c.consumer_wgs:
+            raise ValueError("consumer_wgs must be 1, 2 or 4 and divide m64_per_block")
         if c.gated and c.m64_per_block % 2:
             raise ValueError("gated gate_up needs an even m64_per_block (gate + up halves)")
-        if c.setmaxnreg and (c.consumer_wgs != 2 or c.producer_regs * 128 + c.consumer_regs * 256 > 168 * 384):
-            raise ValueError("setmaxnreg needs consumer_wgs == 2 and budgets within 168 registers x 384 threads")
+        entry = (65536 // (128 * (1 + c.consumer_wgs))) // 8 * 8  # the most registers a thread can launch with
+        if c.setmaxnreg and (c.consumer_wgs < 2 or c.producer_regs * 128 + c.consumer_regs * 128 * c.consumer_wgs
+                             > entry * 128 * (1 + c.consumer_wgs)):
+            raise ValueError(f"setmaxnreg needs consumer_wgs >= 2 and budgets within {entry} registers x "
+                             f"{128 * (1 + c.consumer_wgs)} threads")
         if c.pingpong not in (0, 1, 2):
             raise ValueError("pingpong must be 0, 1 or 2")
         if c.pingpong and (c.consumer_wgs != 2 or c.row_blocks_per_cta < 2):
@@ -354,12 +357,12 @@ class Sm90W4A16GroupedGemm:
         if e >= 0:
             _, kt0, nk = split_k_range(k, BK, split, num_splits)  # K range of this split
             if wg == 0:
-                if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
+                if const_expr(self.ncwg >= 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_decrease(self.cfg.producer_regs)
                 self._producer(tidx, w, act, g_rs, g_bs, g_routes, e, tile, nb0, nrb, n, k, top_k, kt0, nk,
                                full0, empty0, sW_addr, sB_addr)
             else:
-                if const_expr(self.ncwg == 2 and self.cfg.setmaxnreg):
+                if const_expr(self.ncwg >= 2 and self.cfg.setmaxnreg):
                     cute.arch.setmaxregister_increase(self.cfg.consumer_regs)
                 if const_expr(self.pdl_wait):
                     # (the consumers read h only through the producer's tiles; waiting here as well orders
