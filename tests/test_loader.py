@@ -402,6 +402,49 @@ def test_parallel_compile_driver(tmp_path):
     assert meta["library"] == "k.so" and (tmp_path / "meta.json").exists()
 
 
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (an orphan's exit status may wait for a reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are bound to the build with prctl (Linux)")
+@pytest.mark.parametrize("sig", ["SIGKILL", "SIGTERM"])
+def test_compile_workers_die_with_the_build(sig):
+    """A build killed from outside (a CI timeout, ``kill``) leaves no compile worker running on: the pool's
+    workers are bound to the process that started them (loader/compile_pool.py)."""
+    import signal
+
+    code = (
+        "import time\n"
+        "from w4a16_moe.loader import compile_pool\n"
+        "ex = compile_pool._executor(2)\n"
+        "futs = [ex.submit(time.sleep, 300) for _ in range(2)]\n"
+        "while len(ex._processes) < 2: time.sleep(0.05)\n"
+        "time.sleep(1.0)\n"
+        "print(' '.join(str(p) for p in ex._processes), flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "python"))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(_running(p) for p in pids)
+    finally:
+        os.kill(proc.pid, getattr(signal, sig))
+        proc.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [p for p in pids if _running(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"compile workers {left} outlived the build ({sig})"
+
+
 def test_get_kernel_jit_then_cache(monkeypatch):
     _need_dsl()
     import w4a16_moe.loader as L

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -47,15 +48,14 @@ def compile_jobs(jobs: Sequence, workers: Optional[int] = None, on_done=None, ch
             if on_done:
                 on_done(i + 1, len(jobs), rec)
         return out
-    import multiprocessing as mp
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     chunk = chunk or max(1, min(8, len(jobs) // (workers * 4)))
     parts = [jobs[i : i + chunk] for i in range(0, len(jobs), chunk)]
     fams = [_family_ref(f) for f in sorted({s.family for s, _, _ in jobs})]
     lvl = logging.getLogger(LOGGER_NAME).getEffectiveLevel()
     done = 0
-    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as ex:
+    with _executor(workers) as ex:
         futs = {ex.submit(_compile_worker_jobs, [(s.to_json(), a, str(d)) for s, a, d in p], fams, lvl) for p in parts}
         pending = set(futs)
         while pending:
@@ -70,6 +70,31 @@ def compile_jobs(jobs: Sequence, workers: Optional[int] = None, on_done=None, ch
                     if on_done:
                         on_done(done, len(jobs), rec)
     return [d / f"{s.name}.o" for s, _, d in jobs]
+
+
+def _executor(workers: int):
+    """The pool of ``workers`` spawned processes, each bound to this process's life (:func:`_bind_to_parent`)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"),
+                               initializer=_bind_to_parent, initargs=(os.getpid(),))
+
+
+def _bind_to_parent(parent_pid: int) -> None:
+    """Pool initializer: on Linux the worker gets SIGTERM when the process that started it dies, so a build killed
+    by SIGTERM / SIGKILL (a CI timeout, ``kill``) leaves no worker compiling on; a worker whose parent is already
+    gone exits at once."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # no prctl in this libc: only the check below
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
 
 
 def _compile_worker_jobs(jobs: list, families: list, log_level: int) -> list:
