@@ -46,24 +46,57 @@ def load_tiles(path: str) -> list:
     return out
 
 
+_ADDED: dict = {}  # family -> {candidate name: tiles} registered by this process
+
+
 def register(extra: list) -> list:
     """Make the tiles of ``extra`` candidates of this process; returns their ``(family, name)``."""
     from w4a16_moe.kernels.cute import autotune_store as store
     from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
 
-    base = store.candidate_tiles
-    added: dict = {}
+    if not _ADDED:
+        base = store.candidate_tiles
+
+        def candidate_tiles(family: str) -> dict:
+            return {**base(family), **_ADDED.get(family, {})}
+
+        store.candidate_tiles = candidate_tiles
     names = []
     for fam, t in extra:
         n = candidate_name(t)
-        added.setdefault(fam, {})[n] = t
+        _ADDED.setdefault(fam, {})[n] = t
         names.append((fam, n))
-
-    def candidate_tiles(family: str) -> dict:
-        return {**base(family), **added.get(family, {})}
-
-    store.candidate_tiles = candidate_tiles
     return names
+
+
+def parse_twin(text: str) -> dict:
+    """``--twin`` ``KEY=VALUE[,KEY=VALUE...]`` -> tile overrides (values: JSON, else the string)."""
+    out = {}
+    for item in filter(None, (v.strip() for v in (text or "").split(","))):
+        key, sep, val = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--twin: expected KEY=VALUE items separated by commas, got {item!r}")
+        try:
+            out[key] = json.loads(val)
+        except ValueError:
+            out[key] = val
+    return out
+
+
+def twin_choices(call, info, default, twin: dict) -> list:
+    """The default choice's SM90 tiles with ``twin``'s overrides, as a registered candidate with the default's
+    split-K (``[]``: no override given, no SM90 default, or overrides that change nothing)."""
+    from w4a16_moe.kernels.cute import choice_plan
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+
+    if not twin or default is None or default.family != "sm90":
+        return []
+    plan = choice_plan.plan_of_choice(call, info, default)
+    if plan is None or {**dict(plan.tiles), **twin} == dict(plan.tiles):
+        return []
+    tiles = {**dict(plan.tiles), **twin}
+    (fam, name), = register([("sm90", tiles)])
+    return [Choice(fam, name, default.splits)]
 
 
 def calls(layers: list, tokens: list, args, device):
@@ -85,6 +118,7 @@ def cmd_specs(args, names) -> int:
     import torch
 
     from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import autotune as at
     from w4a16_moe.kernels.cute import choice_plan, provider
     from w4a16_moe.kernels.cute.autotune_store import Choice
 
@@ -92,8 +126,9 @@ def cmd_specs(args, names) -> int:
     provider._kernels_available = lambda arch: None  # plan without looking for kernels
     specs, skipped = {}, 0
     for _, _, call in calls(args.layers, args.tokens, args, torch.device("cuda")):
-        plans = [provider.plan(call, info)] + [choice_plan.plan_of_choice(call, info, Choice(f, n, None))
-                                               for f, n in names]
+        twins = twin_choices(call, info, at._default_choice(call, info), args.twin)
+        plans = [provider.plan(call, info)] + [choice_plan.plan_of_choice(call, info, c)
+                                               for c in [Choice(f, n, None) for f, n in names] + twins]
         skipped += sum(p is None for p in plans)
         for p in plans:
             if p is not None:
@@ -137,7 +172,10 @@ def cmd_time(args, names) -> int:
         ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
         default = at._default_choice(call, info)
         res = []
-        for c in [default] + [Choice(f, n, None) for f, n in names]:
+        choices = [default] + [Choice(f, n, None) for f, n in names]
+        twins = twin_choices(call, info, default, args.twin)
+        # --twin-first: the twin before the default (the GPU warms over a row: swap to see the order's share)
+        for c in (twins + choices if args.twin_first else choices + twins):
             p = None if c is None else choice_plan.plan_of_choice(call, info, c)
             if p is not None:
                 res.append(measure(x, weights, tw, ids, ref, call, c, p, default, kernels=True))
@@ -152,13 +190,16 @@ def cmd_time(args, names) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("specs", "time"))
-    ap.add_argument("--tiles", required=True)
+    ap.add_argument("--tiles", help="tile dicts to time beside the default (see above)")
+    ap.add_argument("--twin", help="KEY=VALUE[,...]: also time each row's default plan with these tile keys "
+                                   "changed (e.g. down_stage16=true)")
     ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL] per layer")
     ap.add_argument("--tokens", default="512,2048")
     ap.add_argument("--scheme", default="int4_g128")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--activation", default="swiglu")
     ap.add_argument("--finalize", default="deterministic", choices=("deterministic", "fused"))
+    ap.add_argument("--twin-first", action="store_true", help="time: each row's twin before its default")
     ap.add_argument("--out", help="specs: where the spec list goes")
     ap.add_argument("--json", help="time: where the rows go")
     ap.add_argument("--budget-s", type=float, default=400.0, help="time: stop starting new rows after this long")
@@ -170,7 +211,10 @@ def main(argv=None) -> int:
         raise SystemExit("specs: --out is required")
     if args.command == "time" and not args.json:
         raise SystemExit("time: --json is required")
-    names = register(load_tiles(args.tiles))
+    args.twin = parse_twin(args.twin)
+    if not args.tiles and not args.twin:
+        raise SystemExit("give --tiles, --twin or both")
+    names = register(load_tiles(args.tiles)) if args.tiles else []
     return cmd_specs(args, names) if args.command == "specs" else cmd_time(args, names)
 
 

@@ -64,6 +64,10 @@ class Sm90GemmConfig:
     setmaxnreg: bool = False  # rebalance registers (consumer_wgs == 2 only; see check_setmaxnreg)
     producer_regs: int = 56
     consumer_regs: int = 224
+    # down "y" epilogue without bias: stage the accumulators as 16-bit values (x's dtype: the rounding y gets
+    # anyway) instead of FP32, half the staging tile and its shared-memory traffic; split-K partials then go from
+    # the accumulators straight to the FP32 workspace
+    stage16: bool = False
 
     @property
     def gated(self) -> bool:
@@ -86,6 +90,7 @@ class Sm90GemmConfig:
         sch += f"_v{self.tn_variants}" if self.tn_variants > 1 else ""
         sch += "_pdl" if self.pdl else ""
         sch += f"_f{self.mma_kblocks}" if self.mma_kblocks > 1 else ""
+        sch += "_e16" if self.stage16 else ""
         return (
             f"sm90_{self.mode}_{self.dtype}_g{g}{zp}_x{self.m64_per_block}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_w{self.consumer_wgs}_{self.epi}{act}{sch}"

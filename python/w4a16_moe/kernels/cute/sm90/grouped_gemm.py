@@ -28,7 +28,10 @@ CTA = ``128 * (1 + consumer_wgs)`` threads:
 * epilogue (consumers): FP32 accumulators -> shared staging tile ``[TN][64*X]`` (reusing the
   B ring) -> optional split-K fixup -> activation (gate and up columns of an output element are in
   the same staging row) -> 16-byte coalesced global stores or ``red.global.add.v4.f32``. Everything after
-  the staging tile is :mod:`..common.epilogue` (shared with the warp-MMA kernel).
+  the staging tile is :mod:`..common.epilogue` (shared with the warp-MMA kernel). ``stage16`` (the down GEMM's
+  ``y`` epilogue without bias): the staging tile holds the accumulators already rounded to x's dtype ``[TN][64X + 8]``
+  (half the bytes; the same values: that epilogue adds nothing before rounding), copied to ``y`` in 16-byte rows;
+  split-K partials then go from the accumulators to ``ws``.
 
 Split-K (runtime ``num_splits > 1``, grid z): every split stores its FP32 partial tile to ``ws``,
 then bumps a per-tile counter; the last split to arrive sums all partials in fixed split order
@@ -103,12 +106,14 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warpgroup
+from cutlass.cutlass_dsl import dsl_user_op
 
 from ..common import ptx
 from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_bias, check_epilogue, check_mode_dtype
 from ..common.dequant import e2m1_pair
-from ..common.epilogue import EpilogueShape, finish_store, publish_split
+from ..common.epilogue import EpilogueShape, cta_sync, finish_store, publish_split, split_arrive
 from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
 from .config import Sm90GemmConfig, check_setmaxnreg
 
@@ -117,6 +122,14 @@ __all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "check_setmaxnreg"]
 
 def _round_up(a: int, b: int) -> int:
     return (a + b - 1) // b * b
+
+
+@dsl_user_op
+def _st_global_f32(addr, v, *, loc=None, ip=None) -> None:
+    """One FP32 value to global memory (kept here, not in ``common.ptx``: only ``stage16`` kernels use it, and
+    every family hashes that module)."""
+    llvm.inline_asm(None, [Int64(addr).ir_value(loc=loc, ip=ip), Float32(v).ir_value(loc=loc, ip=ip)],
+                    "st.global.f32 [$0], $1;", "l,f", has_side_effects=True, loc=loc, ip=ip)
 
 
 class Sm90W4A16GroupedGemm:
@@ -170,6 +183,9 @@ class Sm90W4A16GroupedGemm:
             raise ValueError("group must be a multiple of 16 (or 0 = per channel)")
         if c.fp4 and c.zero_point:
             raise ValueError("FP4 (E2M1) weights have no zero points")
+        if c.stage16 and (c.mode != "down" or epi != "y" or c.bias):
+            raise ValueError("stage16 needs the down GEMM's y epilogue without bias (the only epilogue that rounds "
+                             "the accumulators to 16 bits unchanged)")
         if g and c.k_tile // g > 16:
             raise ValueError("at most 16 scale groups per K tile")
         self.cfg = c
@@ -204,10 +220,12 @@ class Sm90W4A16GroupedGemm:
         self.threads = 128 * (1 + self.ncwg)
         self.ncons = 128 * self.ncwg
         self.nepi = 128 if self.PP else self.ncons  # threads that consume one stage / share one epilogue
-        # epilogue: FP32 staging [TN][64X + 4] reusing the B ring
+        # epilogue: FP32 staging [TN][64X + 4] reusing the B ring (stage16: 16-bit [TN][64X + 8])
         self.cols = 64 * self.X  # accumulator columns (weight rows) per CTA
         self.rs = self.cols + 4  # padded staging row stride (FP32 elements): conflict-free writes
-        self.epi_bytes = self.TN * self.rs * 4
+        self.S16 = c.stage16
+        self.rs16 = self.cols + 8  # stage16: row stride in 16-bit elements (16-byte rows, conflict-free writes)
+        self.epi_bytes = self.TN * self.rs16 * 2 if self.S16 else self.TN * self.rs * 4
         # one row block per CTA: the epilogue stages in the B ring (the producer is done by then);
         # several: the ring is already filling with the next row block's tiles, so staging has its own
         self.b_region = max(self.S * self.b_stage, self.epi_bytes) if self.RB == 1 else self.BS * self.b_stage
@@ -736,32 +754,56 @@ class Sm90W4A16GroupedGemm:
             return ((v, rh), x, 0)
         return ((v, rh, j), x, 0)
 
+    def _epi_threads(self, ct, cw):
+        """``(tid, bar_id, last_ofs)`` of a consumer thread's epilogue: its index among the threads that share the
+        epilogue, their named barrier, and the misc word of their split-K verdict (ping-pong: per warpgroup)."""
+        if self.PP:
+            return ct, 1 + cw, 4 + 4 * cw
+        return cw * 128 + ct, 1, 4
+
+    def _acc_elems(self, ct, cw, tn: int) -> list:
+        """``[(token, column, accumulator coordinate)]`` of the thread's accumulator elements in the CTA's tile
+        (column = 64 * m64 block + row in block), for the staging loops to unroll."""
+        xoff = 0 if self.PP else cw * self.XW
+        w_, l_ = ct // 32, ct % 32
+        out = []
+        for xl in range(self.XW):
+            for rh in range(2):
+                col = (xoff + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
+                for j in range(tn // 8):
+                    for v in range(2):
+                        out.append((8 * j + 2 * (l_ % 4) + v, col, self._acc_crd(v, rh, j, xl, tn)))
+        return out
+
     @cute.jit
     def _epilogue(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters,
                   nb, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs):
+        if const_expr(self.S16):
+            self._epilogue16(ct, cw, tn, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters, nb,
+                             tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs)
+        else:
+            self._epilogue32(ct, cw, tn, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws, counters, nb,
+                             tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs)
+
+    @cute.jit
+    def _epilogue32(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
+                    counters, nb, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs):
         slot0, count = self._tile_routes(misc_addr, g_rs, g_bs, tile)
-        XW, rs, nthr = self.XW, self.rs, self.nepi
-        tid = ct if const_expr(self.PP) else cw * 128 + ct
-        bar_id = 1 + cw if const_expr(self.PP) else 1
-        xoff = 0 if const_expr(self.PP) else cw * XW
-        w_ = ct // 32
-        l_ = ct % 32
-        # (A) accumulators -> FP32 staging [TN][cols] (column = 64 * m64 block + row in block)
+        rs, nthr = self.rs, self.nepi
+        tid, bar_id, last_ofs = self._epi_threads(ct, cw)
+        # (A) accumulators -> FP32 staging [TN][cols]
         ptx.fence_proxy_async_smem()
         # every consumer is done with the ring (RB == 1: staging reuses it) and with the previous row
         # block's staging tile (RB > 1)
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
-        for xl in cutlass.range_constexpr(XW):
-            for rh in cutlass.range_constexpr(2):
-                col = (xoff + xl) * 64 + 16 * w_ + l_ // 4 + 8 * rh
-                for j in cutlass.range_constexpr(tn // 8):
-                    for v in cutlass.range_constexpr(2):
-                        tok = 8 * j + 2 * (l_ % 4) + v
-                        ptx.st_shared_f32(stg_addr + (tok * rs + col) * 4, acc[self._acc_crd(v, rh, j, xl, tn)])
+        elems = self._acc_elems(ct, cw, tn)
+        for a in cutlass.range_constexpr(2 * self.XW):  # nested: one flat loop of > 64 steps warns
+            for b in cutlass.range_constexpr(tn // 4):
+                tok, col, crd = elems[a * (tn // 4) + b]
+                ptx.st_shared_f32(stg_addr + (tok * rs + col) * 4, acc[crd])
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
 
         # (B) split-K: publish this split's partial tile, the last split to arrive finishes
-        last_ofs = 4 + 4 * cw if const_expr(self.PP) else 4  # misc word 1 (ping-pong: 1 + warpgroup)
         ws_base, _, is_last = publish_split(self.epi_shape, tid, stg_addr, misc_addr, last_ofs, ws, counters, n, nb,
                                             tile, split, num_splits, count, bar_id)
 
@@ -773,3 +815,61 @@ class Sm90W4A16GroupedGemm:
                 bias_base = topk_weights.toint() + Int64(ptx.ld_shared_b32(misc_addr)) * Int64(n) * 4
             finish_store(self.epi_shape, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes, topk_weights,
                          num_routes, top_k, n, nb, None, bias_base)
+
+    @cute.jit
+    def _epilogue16(self, ct, cw, tn: cutlass.Constexpr, acc, stg_addr, misc_addr, out, g_routes, topk_weights, ws,
+                    counters, nb, tile, split, n, num_routes, top_k, num_splits, g_rs, g_bs):
+        """``stage16`` (down, ``y``, no bias): the accumulators rounded to x's dtype in a 16-bit staging tile
+        ``[TN][cols + 8]``, whose rows then go to ``y`` as 16-byte copies (the same values as the FP32 path:
+        one rounding, nothing added before it). Split-K: every split stores its FP32 partial from the
+        accumulators to ``ws``; the last to arrive sums them in split order (:func:`..common.epilogue.finish_store`,
+        which reads only ``ws`` then)."""
+        slot0, count = self._tile_routes(misc_addr, g_rs, g_bs, tile)
+        nthr, cols, rs16 = self.nepi, self.cols, self.rs16
+        tid, bar_id, last_ofs = self._epi_threads(ct, cw)
+        elems = self._acc_elems(ct, cw, tn)
+        ptx.fence_proxy_async_smem()
+        # every consumer is done with the ring (RB == 1: staging reuses it) and with the previous row block's
+        # staging tile (RB > 1)
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
+        if num_splits > 1:
+            nb_count = n // cols
+            tile_id = tile * nb_count + nb
+            tile_elems = self.TN * cols
+            ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
+            part = ws_base + Int64(split * tile_elems * 4)
+            for a in cutlass.range_constexpr(2 * self.XW):
+                for b in cutlass.range_constexpr(tn // 4):
+                    tok, col, crd = elems[a * (tn // 4) + b]
+                    _st_global_f32(part + Int64((tok * cols + col) * 4), acc[crd])
+            ptx.fence_acq_rel_gpu()
+            cta_sync(bar_id, nthr)
+            if tid == 0:
+                split_arrive(counters, tile_id, num_splits, misc_addr + last_ofs)
+            cta_sync(bar_id, nthr)
+            is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
+            ptx.fence_acq_rel_gpu()
+            if is_last != 0:
+                finish_store(self.epi_shape, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes,
+                             topk_weights, num_routes, top_k, n, nb, None, Int64(0))
+        else:
+            for a in cutlass.range_constexpr(2 * self.XW):
+                for b in cutlass.range_constexpr(tn // 4):
+                    tok, col, crd = elems[a * (tn // 4) + b]
+                    ptx.st_shared_cvt16(stg_addr + (tok * rs16 + col) * 2, acc[crd], self.is_bf16)
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
+            # 8 columns (16 bytes) per item; every item's route id loaded up front (see finish_store)
+            vpo = cols // 8
+            n_items = (self.TN * vpo + nthr - 1) // nthr
+            routes = cute.make_rmem_tensor((n_items,), Int32)
+            for it in cutlass.range_constexpr(n_items):
+                routes[it] = g_routes[slot0 + cutlass.min((tid + it * nthr) // vpo, count - 1)]
+            out_base = out.toint()
+            for it in cutlass.range_constexpr(n_items):
+                idx = tid + it * nthr
+                i = idx // vpo
+                vv = idx % vpo
+                if i < count:
+                    d = ptx.ld_shared_v4(stg_addr + (i * rs16 + vv * 8) * 2)
+                    off = Int64(routes[it]) * Int64(n) + Int64(nb * cols + vv * 8)
+                    ptx.st_global_v4(out_base + off * 2, d[0], d[1], d[2], d[3])
