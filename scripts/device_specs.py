@@ -6,7 +6,7 @@
 The set: the AOT ``full`` subset of every family (what the provider selects), plus what the GPU tests and
 the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the test schemes (INT4 g32,
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
-(``--decode-knobs``, the tuner's), the persistent decode grids the decode GPU tests force (their K splits
+(``--decode-knobs``, the tuner's), the FP32-staging twins of the shipped tiles tests/test_stage16.py compares with, the persistent decode grids the decode GPU tests force (their K splits
 need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``; grouped and decode) tests/test_cute_gpt_oss.py and
 tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`).
 ``--tiles FILE ...`` adds the kernels of further SM90 tile dicts (``scripts/explore_tiles.py``'s tile files) for the
@@ -51,6 +51,9 @@ GPT_OSS_DECODE_TESTS = (((("mxfp4", "int4_g128_zp"), ("bf16",)), (("int4_g32",),
 #: parameter that adds no spec: ``s3`` below stands for every split)
 TEST_DECODE_KNOBS = ("w4u8/w4u4", "w4u8c5/w4u4c3", "w4u8c396/w4u4c528", "w4u8s3/w4u4s3", "w4u8c5s3/w4u4c3s3",
                      "w4u8c396s3/w4u4c528s3")
+
+#: tests/test_stage16.py's (scheme, dtype) cases
+STAGE16_TESTS = (("int4_g32", "bf16"), ("int4_g128", "bf16"), ("int4_g128", "fp16"), ("nvfp4", "bf16"))
 
 #: tests/test_cute_decode.py's PREFETCH_FP32_KNOBS (a K split adds no specs)
 TEST_PREFETCH_FP32_KNOBS = ("w8u8fx/w8u4x", "w4u8c5fx/w4u4c3x")
@@ -109,6 +112,14 @@ def device_specs(decode_knobs=(), extra_tiles=()) -> list:
                         (("int4_g32", "int4_g128"), ("deterministic", "fused"))):
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=("bf16",), activations=("swiglu",),
                               finalizes=fins, tiles=fam.CANDIDATES)
+    # tests/test_stage16.py: every rule / model tile with the FP32 staging tile (``down_stage16: False``) beside the
+    # default 16-bit one, for its (scheme, dtype) cases (NVFP4 on the rule's tiles only)
+    for n, dt in STAGE16_TESTS:
+        tiles = [t for _, t in fam.TILES] + ([] if n == "nvfp4" else [t for t in fam.MODEL_TILES
+                                                                      if fam.scheme_ok(t, n)])
+        specs += fam.variants(schemes=[get_scheme(n)], dtypes=(dt,), activations=("swiglu",),
+                              finalizes=("deterministic",),
+                              tiles=[{**t, "down_stage16": on} for t in tiles for on in (True, False)])
     for names, dts, acts, bucket in GPT_OSS_TESTS:
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,
                               tiles=[fam.TILES[bucket][1]], biases=(False, True))

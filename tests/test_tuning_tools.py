@@ -216,6 +216,33 @@ def test_device_specs_add_the_kernels_of_extra_tile_files(tmp_path):
     assert base < names
 
 
+def _explore_twin(tmp_path, twin, *extra):
+    out = tmp_path / "specs.json"
+    args = ["--twin", twin] if twin is not None else []
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "explore_tiles.py"), "specs", *args,
+                        "--out", str(out), *extra], capture_output=True, text=True,
+                       env={**os.environ, "W4A16_MOE_TUNED_TABLE": "0"})
+    return r, out
+
+
+def test_explore_tiles_twin_adds_the_default_plan_with_one_key_changed(tmp_path):
+    # 64 tokens: a warp-MMA default (no twin); 2048: an SM90 default, whose twin stages y in FP32
+    r, out = _explore_twin(tmp_path, "down_stage16=false", "--layers", "8,4096,14336,2", "--tokens", "64,2048")
+    assert r.returncode == 0, r.stderr
+    sm90 = [s["params"] for s in json.loads(out.read_text()) if s["family"] == "sm90_w4a16_gemm"]
+    downs = [p for p in sm90 if p["mode"] == "down"]
+    # one gate/up kernel (the twin shares it), the default's 16-bit-staging down kernel and the twin's FP32 one
+    assert len(sm90) == 3 and sorted(p["stage16"] for p in downs) == [False, True]
+    assert {k: v for k, v in downs[0].items() if k != "stage16"} == {k: v for k, v in downs[1].items() if k != "stage16"}
+
+
+@pytest.mark.parametrize("twin, message", [("down_stage16", "--twin: expected KEY=VALUE"),
+                                           (None, "give --tiles, --twin or both")])
+def test_explore_tiles_rejects_a_bad_twin(tmp_path, twin, message):
+    r, _ = _explore_twin(tmp_path, twin, "--layers", "8,4096,14336,2")
+    assert r.returncode != 0 and message in r.stderr
+
+
 def test_explore_tiles_rejects_a_tiles_file_without_tile_dicts(tmp_path):
     r, _ = _explore(tmp_path, [{"family": "warp"}], "--layers", "8,4096,14336,2")
     assert r.returncode != 0 and "--tiles" in r.stderr and "entry 0" in r.stderr
