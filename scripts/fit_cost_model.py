@@ -79,6 +79,35 @@ def _fit(obs: list, rows: int, tn: int, stream) -> dict:
     return out
 
 
+def parse_scale(text: str) -> dict:
+    """``--down-scale`` ``KIND=F[,...]`` -> ``{kind: factor}`` (kinds ``pp``, ``wg4``, ``rb1``; 0 < F <= 2)."""
+    out = {}
+    for item in filter(None, (v.strip() for v in (text or "").split(","))):
+        kind, sep, val = item.partition("=")
+        try:
+            f = float(val)
+        except ValueError:
+            f = None
+        if not sep or kind not in ("pp", "wg4", "rb1") or f is None or not 0 < f <= 2:
+            raise SystemExit(f"--down-scale: expected KIND=F items (KIND pp, wg4 or rb1; 0 < F <= 2), got {item!r}")
+        out[kind] = f
+    return out
+
+
+def down_kind(family: str, tiles: dict, min_tn: int):
+    """The ``--down-scale`` kind of a choice's down GEMM, or None (not SM90, or a token tile under ``min_tn``)."""
+    if family != "sm90" or tiles["tokens_per_tile"] < min_tn:
+        return None
+    if tiles.get("down_pingpong"):
+        return "pp"
+    return "wg4" if tiles.get("down_consumer_wgs", tiles.get("consumer_wgs")) == 4 else "rb1"
+
+
+def _scaled(g: dict, f: float) -> dict:
+    return dict(g, a=round(g["a"] * f, 4), b=round(g["b"] * f, 6), c=round(g["c"] * f, 6), d=round(g["d"] * f, 4),
+                scaled=f)
+
+
 def _observe(path: str, obs: dict, devices: set, skip: frozenset = frozenset()) -> None:
     """Add the unsplit grouped choices of one sweep file to ``obs`` (per choice name: its gate/up and down
     observations), except the choices named in ``skip``; record the sweep's device in ``devices``."""
@@ -117,7 +146,11 @@ def main(argv=None) -> int:
     ap.add_argument("--min-rows", type=int, default=8)
     ap.add_argument("--revision", default="unknown")
     ap.add_argument("--date", default="unknown")
+    ap.add_argument("--down-scale", default="", help="KIND=F,...: scale the fitted down-GEMM coefficients of SM90 "
+                    "choices per kind (pp, wg4, rb1; see above)")
+    ap.add_argument("--down-scale-min-tn", type=int, default=32, help="the narrowest token tile --down-scale applies to")
     args = ap.parse_args(argv)
+    scale = parse_scale(args.down_scale)
 
     obs: dict = {}
     devices = set()
@@ -146,10 +179,16 @@ def main(argv=None) -> int:
         if source[name]:
             same = next((n for n in entries if source[n] < source[name] and up_cfg[n] == up_cfg[name]), None)
         up = dict(entries[same]["up"], up_from=same) if same else _fit(ent["up"], r_up, tn, s_up)
-        entries[name] = dict(tokens_per_tile=tn, up=up, down=_fit(ent["down"], r_down, tn, s_down))
+        down = _fit(ent["down"], r_down, tn, s_down)
+        kind = down_kind(ent["family"], ent["tiles"], args.down_scale_min_tn)
+        if kind in scale:
+            down = _scaled(down, scale[kind])
+        entries[name] = dict(tokens_per_tile=tn, up=up, down=down)
         print(f"{name:70s} up rms {entries[name]['up']['rms_rel']:.3f}  down rms {entries[name]['down']['rms_rel']:.3f}")
     out = dict(format=1, device=device, sm_count=sms, revision=args.revision, date=args.date,
-               sources=list(args.sweeps), extended_by=list(args.extend), command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),
+               sources=list(args.sweeps), extended_by=list(args.extend),
+               **(dict(down_scale=dict(scale, min_tn=args.down_scale_min_tn)) if scale else {}),
+               command="python scripts/fit_cost_model.py " + " ".join(sys.argv[1:]),
                entries=dict(sorted(entries.items())))
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
