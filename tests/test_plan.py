@@ -135,9 +135,15 @@ def _decode_configs_expected(r) -> list:
 def _as_current(name: str, layer: str) -> str:
     """A recorded kernel name as the family names that kernel now: the warp gate/up kernels are built with
     ``warp.family.UP_ROW_BLOCKS`` row blocks per CTA (name suffix ``_r1``; ed90ab0's kernels had no streaming), and
-    the warp kernels of layers ``warp.family.pdl_launch`` takes are the PDL ones (suffix ``_pdl``)."""
+    the warp kernels of layers ``warp.family.pdl_launch`` takes are the PDL ones (suffix ``_pdl``); the SM90 down
+    kernels of the ``y`` epilogue without bias stage in 16 bits (suffix ``_e16``, docs/perf/2026-12-06-stage16)."""
+    import re
+
     from w4a16_moe.kernels.cute.warp import family as warp
     from w4a16_moe.kernels.cute.warp.config import WarpGemmConfig
+
+    if re.match(r"sm90_down_.*_w\d+_y(?!_bias)", name) and not name.endswith("_e16"):
+        name = f"{name}_e16"
 
     if name.startswith("warp_gate_up_") and warp.UP_ROW_BLOCKS != WarpGemmConfig.row_blocks:  # the unnamed default
         name = f"{name}_r{warp.UP_ROW_BLOCKS}"
