@@ -126,7 +126,7 @@ def cmd_specs(args, names) -> int:
     provider._kernels_available = lambda arch: None  # plan without looking for kernels
     specs, skipped = {}, 0
     for _, _, call in calls(args.layers, args.tokens, args, torch.device("cuda")):
-        twins = twin_choices(call, info, at._default_choice(call, info), args.twin)
+        twins = twin_choices(call, info, at._default_choice(call, info), args.twin) if args.twin else []
         plans = [provider.plan(call, info)] + [choice_plan.plan_of_choice(call, info, c)
                                                for c in [Choice(f, n, None) for f, n in names] + twins]
         skipped += sum(p is None for p in plans)

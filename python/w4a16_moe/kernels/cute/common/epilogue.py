@@ -34,7 +34,7 @@ from cutlass import Float32, Int32, Int64, const_expr
 
 from . import ptx
 
-__all__ = ["EpilogueShape", "act", "cta_sync", "publish_split", "finish_store", "gather8", "store8", "add_bias8"]
+__all__ = ["EpilogueShape", "act", "cta_sync", "publish_split", "split_workspace", "split_verdict", "finish_store", "gather8", "store8", "add_bias8"]
 
 
 @dataclass(frozen=True)
@@ -132,10 +132,8 @@ def publish_split(shape: cutlass.Constexpr, tid, stg_addr, misc_addr, last_ofs, 
     arrive re-arms it to 0 for the next launch. The verdict travels through the shared word at
     ``misc_addr + last_ofs``; ``is_last`` is 1 without split-K."""
     TN, cols, rs, nthr = shape.tokens, shape.cols, shape.rs, shape.threads
-    nb_count = n // cols
-    tile_id = tile * nb_count + nb
-    tile_elems = TN * cols
-    ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
+    tile_elems = shape.tile_elems
+    ws_base, nb_count, tile_id = split_workspace(shape, ws, n, nb, tile, num_splits)
     is_last = Int32(1)
     if num_splits > 1:
         vpr = cols // 4
@@ -147,14 +145,33 @@ def publish_split(shape: cutlass.Constexpr, tid, stg_addr, misc_addr, last_ofs, 
                 d = ptx.ld_shared_v4(stg_addr + (i * rs + vv * 4) * 4)
                 dst = ws_base + Int64((split * tile_elems + i * cols + vv * 4) * 4)
                 ptx.st_global_v4(dst, d[0], d[1], d[2], d[3])
-        ptx.fence_acq_rel_gpu()
-        cta_sync(bar_id, nthr)
-        if tid == 0:
-            split_arrive(counters, tile_id, num_splits, misc_addr + last_ofs)
-        cta_sync(bar_id, nthr)
-        is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
-        ptx.fence_acq_rel_gpu()
+        is_last = split_verdict(tid, misc_addr, last_ofs, counters, tile_id, num_splits, bar_id, nthr)
     return ws_base, nb_count, is_last
+
+
+@cute.jit
+def split_workspace(shape: cutlass.Constexpr, ws, n, nb, tile, num_splits):
+    """``(ws_base, nb_count, tile_id)`` of output tile ``(nb, tile)``: its row-block count, its id, and where its
+    ``num_splits`` partial tiles (``shape.tile_elems`` FP32 each, in split order) start in ``ws``."""
+    nb_count = n // shape.cols
+    tile_id = tile * nb_count + nb
+    ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(shape.tile_elems * 4)
+    return ws_base, nb_count, tile_id
+
+
+@cute.jit
+def split_verdict(tid, misc_addr, last_ofs, counters, tile_id, num_splits, bar_id, nthr: cutlass.Constexpr):
+    """After every thread stored its share of this split's partial tile: fence, arrive at the tile's counter
+    (thread ``tid == 0``, :func:`split_arrive`) and return the verdict to every thread (1: this CTA sums the
+    partials), through the shared word at ``misc_addr + last_ofs``."""
+    ptx.fence_acq_rel_gpu()
+    cta_sync(bar_id, nthr)
+    if tid == 0:
+        split_arrive(counters, tile_id, num_splits, misc_addr + last_ofs)
+    cta_sync(bar_id, nthr)
+    is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
+    ptx.fence_acq_rel_gpu()
+    return is_last
 
 
 @cute.jit

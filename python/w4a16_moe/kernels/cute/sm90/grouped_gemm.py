@@ -113,7 +113,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..common import ptx
 from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_bias, check_epilogue, check_mode_dtype
 from ..common.dequant import e2m1_pair
-from ..common.epilogue import EpilogueShape, cta_sync, finish_store, publish_split, split_arrive
+from ..common.epilogue import EpilogueShape, finish_store, publish_split, split_verdict, split_workspace
 from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
 from .config import Sm90GemmConfig, check_setmaxnreg
 
@@ -833,22 +833,13 @@ class Sm90W4A16GroupedGemm:
         # staging tile (RB > 1)
         cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthr)
         if num_splits > 1:
-            nb_count = n // cols
-            tile_id = tile * nb_count + nb
-            tile_elems = self.TN * cols
-            ws_base = ws.toint() + Int64(tile_id) * Int64(num_splits) * Int64(tile_elems * 4)
-            part = ws_base + Int64(split * tile_elems * 4)
+            ws_base, _, tile_id = split_workspace(self.epi_shape, ws, n, nb, tile, num_splits)
+            part = ws_base + Int64(split * self.epi_shape.tile_elems * 4)
             for a in cutlass.range_constexpr(2 * self.XW):
                 for b in cutlass.range_constexpr(tn // 4):
                     tok, col, crd = elems[a * (tn // 4) + b]
                     _st_global_f32(part + Int64((tok * cols + col) * 4), acc[crd])
-            ptx.fence_acq_rel_gpu()
-            cta_sync(bar_id, nthr)
-            if tid == 0:
-                split_arrive(counters, tile_id, num_splits, misc_addr + last_ofs)
-            cta_sync(bar_id, nthr)
-            is_last = ptx.ld_shared_b32(misc_addr + last_ofs)
-            ptx.fence_acq_rel_gpu()
+            is_last = split_verdict(tid, misc_addr, last_ofs, counters, tile_id, num_splits, bar_id, nthr)
             if is_last != 0:
                 finish_store(self.epi_shape, tid, stg_addr, ws_base, num_splits, count, slot0, out, g_routes,
                              topk_weights, num_routes, top_k, n, nb, None, Int64(0))
