@@ -99,6 +99,40 @@ def twin_choices(call, info, default, twin: dict) -> list:
     return [Choice(fam, name, default.splits)]
 
 
+def model_names() -> list:
+    """``[(family, name)]`` of every choice the cost model chooses among (``sm90.family.model_candidates``: the
+    rule's tiles, the model tiles and the warp family's), as ``--model`` times them."""
+    from w4a16_moe.kernels.cute.sm90 import family as sm90
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+
+    out = []
+    for fam, t in sm90.model_candidates():
+        n = candidate_name(t)
+        _MODEL[(fam, n)] = t
+        out.append((fam, n))
+    return out
+
+
+_MODEL: dict = {}  # (family, name) -> tiles of the --model choices
+
+
+def row_choices(call, names: list, splits) -> list:
+    """The choices of ``names`` a row times, at ``splits`` (None: the family's rule): all of them, except that a
+    ``--model`` choice outside the model's domain on this layer (``sm90.family.in_model_domain`` /
+    ``scheme_ok``: rows the fit script would not use) is left out."""
+    from w4a16_moe.kernels.cute.autotune_store import Choice
+    from w4a16_moe.kernels.cute.sm90 import family as sm90
+
+    out = []
+    for f, n in names:
+        t = _MODEL.get((f, n))
+        if t is not None and not (sm90.in_model_domain(f, t, call.intermediate, call.activation.gated)
+                                  and sm90.scheme_ok(t, call.scheme)):
+            continue
+        out.append(Choice(f, n, splits))
+    return out
+
+
 def calls(layers: list, tokens: list, args, device):
     import torch
 
@@ -120,7 +154,6 @@ def cmd_specs(args, names) -> int:
     from w4a16_moe.device import DeviceInfo
     from w4a16_moe.kernels.cute import autotune as at
     from w4a16_moe.kernels.cute import choice_plan, provider
-    from w4a16_moe.kernels.cute.autotune_store import Choice
 
     info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
     provider._kernels_available = lambda arch: None  # plan without looking for kernels
@@ -128,7 +161,7 @@ def cmd_specs(args, names) -> int:
     for _, _, call in calls(args.layers, args.tokens, args, torch.device("cuda")):
         twins = twin_choices(call, info, at._default_choice(call, info), args.twin) if args.twin else []
         plans = [provider.plan(call, info)] + [choice_plan.plan_of_choice(call, info, c)
-                                               for c in [Choice(f, n, None) for f, n in names] + twins]
+                                               for c in row_choices(call, names, args.splits) + twins]
         skipped += sum(p is None for p in plans)
         for p in plans:
             if p is not None:
@@ -150,7 +183,6 @@ def cmd_time(args, names) -> int:
     from w4a16_moe.device import probe
     from w4a16_moe.kernels.cute import autotune as at
     from w4a16_moe.kernels.cute import choice_plan
-    from w4a16_moe.kernels.cute.autotune_store import Choice
     from w4a16_moe.reference import reference_moe
 
     dev = torch.device("cuda")
@@ -172,7 +204,7 @@ def cmd_time(args, names) -> int:
         ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
         default = at._default_choice(call, info)
         res = []
-        choices = [default] + [Choice(f, n, None) for f, n in names]
+        choices = [default] + [c for c in row_choices(call, names, args.splits) if c != default]
         twins = twin_choices(call, info, default, args.twin)
         # --twin-first: the twin before the default (the GPU warms over a row: swap to see the order's share)
         for c in (twins + choices if args.twin_first else choices + twins):
@@ -191,6 +223,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=("specs", "time"))
     ap.add_argument("--tiles", help="tile dicts to time beside the default (see above)")
+    ap.add_argument("--model", action="store_true", help="also every choice the cost model chooses among, where "
+                    "it may choose it (data for scripts/fit_cost_model.py)")
+    ap.add_argument("--splits", default="rule", choices=("rule", "1"), help="split-K of the --tiles / --model "
+                    "choices: the family's rule, or 1 (unsplit: the rows the fit script reads)")
     ap.add_argument("--twin", help="KEY=VALUE[,...]: also time each row's default plan with these tile keys "
                                    "changed (e.g. down_stage16=true)")
     ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL] per layer")
@@ -212,9 +248,12 @@ def main(argv=None) -> int:
     if args.command == "time" and not args.json:
         raise SystemExit("time: --json is required")
     args.twin = parse_twin(args.twin)
-    if not args.tiles and not args.twin:
-        raise SystemExit("give --tiles, --twin or both")
+    if not args.tiles and not args.twin and not args.model:
+        raise SystemExit("give --tiles, --model, --twin or a combination")
+    args.splits = None if args.splits == "rule" else int(args.splits)
     names = register(load_tiles(args.tiles)) if args.tiles else []
+    if args.model:
+        names += [n for n in model_names() if n not in names]
     return cmd_specs(args, names) if args.command == "specs" else cmd_time(args, names)
 
 

@@ -237,10 +237,35 @@ def test_explore_tiles_twin_adds_the_default_plan_with_one_key_changed(tmp_path)
 
 
 @pytest.mark.parametrize("twin, message", [("down_stage16", "--twin: expected KEY=VALUE"),
-                                           (None, "give --tiles, --twin or both")])
+                                           (None, "give --tiles, --model, --twin or a combination")])
 def test_explore_tiles_rejects_a_bad_twin(tmp_path, twin, message):
     r, _ = _explore_twin(tmp_path, twin, "--layers", "8,4096,14336,2")
     assert r.returncode != 0 and message in r.stderr
+
+
+def test_explore_tiles_model_times_every_model_choice_where_the_model_may_choose_it():
+    """``--model`` (the refit's sweeps, docs/perf/2026-12-06-refit16): every choice the cost model chooses among,
+    at ``--splits``, except where ``sm90.family.in_model_domain`` keeps the model from choosing it on the layer."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import explore_tiles as et
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.kernels.cute.sm90 import family as fam
+    from w4a16_moe.validate import MoECall
+
+    names = et.model_names()
+    assert len(names) == len(fam.model_candidates()) and {f for f, _ in names} <= {"sm90", "warp"}
+
+    def call(h, i):
+        return MoECall(2048, 8, h, i, 128, torch.bfloat16, torch.device("cpu"), get_activation("swiglu"),
+                       "deterministic", 0, "int4_g128")
+
+    short, wide = et.row_choices(call(7168, 256), names, 1), et.row_choices(call(4096, 384), names, None)
+    assert len(short) == len(names) and {c.splits for c in short} == {1}
+    # I = 384: no four-warpgroup tile (a third of the gate/up rows padding), no ping-pong down of 256 resident K
+    assert {c.splits for c in wide} == {None} and len(wide) == len(names) - 6
+    assert not any("_x8_" in c.candidate or "_pp2" in c.candidate for c in wide)
 
 
 def test_explore_tiles_rejects_a_tiles_file_without_tile_dicts(tmp_path):
