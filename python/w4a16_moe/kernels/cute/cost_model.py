@@ -15,9 +15,12 @@ wave as a full one (fewer CTAs than ``S`` slots leave SMs idle); the third term 
 wave), the last one each wave's fixed latency (a CTA's expert search, first loads and last stores: what a
 short-K grid of small CTAs pays per wave). ``rbc`` is 1 except for the warp family's row-block streaming
 (:func:`.warp.config.stream_row_blocks`, from the entry's ``stream`` = its ``row_blocks`` and ``k_tile``).
-``S``, ``a``, ``b``, ``c``, ``d`` are fitted per choice and GEMM on the H200 (``scripts/fit_cost_model.py`` over
-``sweep_tiles.py --kernels`` data, see ``cost_model.json``'s ``sources``; ``S`` scales with the SM count; an
-entry without ``d`` has none). The model predicts the unsplit GEMMs; the family's split-K rule runs after it.
+``S``, ``a``, ``b``, ``c``, ``d`` are fitted per choice and GEMM (``scripts/fit_cost_model.py``; ``S`` scales with
+the SM count; an entry without ``d`` has none): the SM90 entries on both GEMMs together, on the call time less the
+row's routing and finalize (``--target call``: what a choice adds to the call, the launch chain's overlap under PDL
+included; its ``a`` in the gate/up entry), from one H100 sweep of every choice put on the H200's clock; the warp
+entries on each kernel's time in H200 sweeps (``cost_model.json``'s ``sources``, ``base`` and ``command``;
+docs/perf/2026-12-06-refit16). The model predicts the unsplit GEMMs; the family's split-K rule runs after it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from . import tiles as tiles_rule
 __all__ = ["MODEL_PATH", "model", "features", "row_blocks", "gemm_us", "predict_us", "best"]
 
 MODEL_PATH = os.path.join(os.path.dirname(__file__), "cost_model.json")
-#: the SM count the model's slots were fitted at (the H200)
+#: the SM count the model's slots were fitted at (the H100 and the H200 both have 132)
 FIT_SM_COUNT = 132
 
 
@@ -90,8 +93,9 @@ def gemm_us(g: dict, tn: int, n: int, k: int, tiles: float, sm_count: int = FIT_
 def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
                top_k: Optional[int] = None, global_experts: Optional[int] = None,
                sm_count: int = FIT_SM_COUNT) -> Optional[float]:
-    """Predicted microseconds of both GEMMs of choice ``name`` (``"<family> <candidate name>"``) on a call,
-    or None when the model has no entry for it."""
+    """Predicted microseconds of both GEMMs of choice ``name`` (``"<family> <candidate name>"``) on a call (for
+    the SM90 entries: what they add to the call beside routing and finalize), or None when the model has no entry
+    for it."""
     e = model()["entries"].get(name)
     if e is None:
         return None
