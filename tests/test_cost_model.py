@@ -242,6 +242,54 @@ def test_the_shipped_model_is_what_the_fit_script_writes(tmp_path, monkeypatch):
     assert choices() == before
 
 
+def test_the_call_target_fits_what_a_choice_adds_to_the_call(tmp_path):
+    """``--target call``: calls whose time is routing + finalize + a known two-GEMM model (gate/up and down terms
+    of their own slots) are fitted back to that model (predictions within 2%), however the profiled kernel times
+    split it (PDL: a finalize that waited); ``--families`` / ``--base`` keep the other families' entries."""
+    t = fam._W2_MR(112)
+    name = f"sm90 {candidate_name(t)}"
+    truth = dict(tokens_per_tile=112, up=dict(slots=264, rows=256, a=6.0, b=0.5, c=0.002, d=3.0),
+                 down=dict(slots=396, rows=256, a=0.0, b=0.9, c=0.004, d=1.0))
+    rng = np.random.default_rng(5)
+    rows = []
+    for e, h, i, k in ((384, 7168, 256, 8), (128, 4096, 384, 8), (16, 5120, 8192, 1), (64, 2048, 1408, 6)):
+        for tokens in (64, 256, 1024, 4096):
+            til = tiles.expected_tiles(tokens * k, e, 112, k)
+            gemms = (cost_model.gemm_us(truth["up"], 112, 2 * i, h, til)
+                     + cost_model.gemm_us(truth["down"], 112, h, i, til))
+            fin = float(rng.uniform(5, 50))
+            waited = float(rng.uniform(0, 30))  # what an early-launched finalize adds to its own profiled time
+            res = [dict(choice=f"{name} split-K 1", family="sm90", tiles=t, splits=[1, 1], us=4.0 + gemms + fin,
+                        kernels=[["route", 4.0], ["up", gemms * 0.7], ["down", gemms * 0.3 + waited],
+                                 ["fin", fin + waited]]),
+                   dict(choice="other", family="sm90", tiles=fam._W2_V4(96), splits=[1, 1], us=1e4,
+                        kernels=[["route", 4.0], ["up", 1.0], ["down", 1.0], ["fin", fin]])]
+            rows.append(dict(E=e, H=h, I=i, top_k=k, tokens=tokens, results=res))
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps(dict(device="NVIDIA H200", sm_count=132, rows=rows)))
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(dict(entries={"warp t8_x": dict(tokens_per_tile=8), name: dict(tokens_per_tile=1)})))
+    out = tmp_path / "model.json"
+    run = [sys.executable, os.path.join(ROOT, "scripts", "fit_cost_model.py"), str(sweep), "--target", "call",
+           "--min-rows", "4", "--out", str(out)]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    subprocess.run(run + ["--families", "sm90", "--base", str(base)], check=True, env=env, capture_output=True)
+    got = json.load(open(out))
+    assert got["target"] == "call" and got["entries"]["warp t8_x"] == dict(tokens_per_tile=8)
+    fit = got["entries"][name]
+    assert fit["down"]["a"] == 0.0 and fit["up"]["rms_rel"] < 0.01
+    for e, h, i, k in ((384, 7168, 256, 8), (16, 5120, 8192, 1)):
+        for tokens in (64, 1024, 4096):
+            til = tiles.expected_tiles(tokens * k, e, 112, k)
+            want = cost_model.gemm_us(truth["up"], 112, 2 * i, h, til) + cost_model.gemm_us(truth["down"], 112, h, i, til)
+            have = cost_model.gemm_us(fit["up"], 112, 2 * i, h, til) + cost_model.gemm_us(fit["down"], 112, h, i, til)
+            assert have == pytest.approx(want, rel=0.02), (e, tokens)
+    # --base keeps only the families --families does not fit; --down-scale is a per-kernel option
+    for bad in (["--base", str(base)], ["--down-scale", "pp=0.9"]):
+        r = subprocess.run(run + bad, env=env, capture_output=True, text=True)
+        assert r.returncode != 0, bad
+
+
 def test_an_extension_choice_takes_the_gate_up_fit_of_its_gate_up_kernel(tmp_path):
     """A choice that an extension sweep adds with the gate/up kernel of a choice fitted before (a new down GEMM
     behind a known gate/up tile) gets that choice's gate/up fit (``up_from``) and a down fit of its own; a choice
