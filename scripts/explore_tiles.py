@@ -11,7 +11,9 @@
 ``TILES.json`` is a list of tile dicts of the SM90 family (``sm90.family.CANDIDATES``' keys, ``down_*`` for the
 down GEMM), or ``{"family": "warp" | "sm90", "tiles": {...}}`` entries. They are registered as candidates of this
 process only (``autotune_store.candidate_tiles``), so ``choice_plan.plan_of_choice`` plans them exactly as the
-autotuner plans a candidate (split-K: the family's rule). Layers are ``E,H,I,TOPK[,E_GLOBAL]`` as in
+autotuner plans a candidate (split-K: the family's rule, or unsplit with ``--splits 1``). ``--model`` adds every
+choice the cost model chooses among, on the layers where it may choose it: the data ``scripts/fit_cost_model.py``
+fits the model on (``--model --splits 1``; docs/perf/2026-12-06-refit16). Layers are ``E,H,I,TOPK[,E_GLOBAL]`` as in
 ``scripts/sweep_tiles.py``, and ``time`` writes that script's JSON rows (``choice``, ``family``, ``tiles``,
 ``splits``, ``us``, ``nrmse``, ``kernels``, ``default``), so ``scripts/fit_cost_model.py`` reads them. Each
 choice is measured as ``sweep_tiles.measure`` measures a candidate (NaN-poisoned output checked against the FP32
