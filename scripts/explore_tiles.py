@@ -101,6 +101,9 @@ def twin_choices(call, info, default, twin: dict) -> list:
     return [Choice(fam, name, default.splits)]
 
 
+_MODEL: dict = {}  # (family, name) -> tiles of the --model choices (model_names), for row_choices' domain check
+
+
 def model_names() -> list:
     """``[(family, name)]`` of every choice the cost model chooses among (``sm90.family.model_candidates``: the
     rule's tiles, the model tiles and the warp family's), as ``--model`` times them."""
@@ -113,9 +116,6 @@ def model_names() -> list:
         _MODEL[(fam, n)] = t
         out.append((fam, n))
     return out
-
-
-_MODEL: dict = {}  # (family, name) -> tiles of the --model choices
 
 
 def row_choices(call, names: list, splits) -> list:

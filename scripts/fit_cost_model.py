@@ -180,14 +180,14 @@ def _observe(path: str, obs: dict, devices: set, skip: frozenset = frozenset()) 
     for r in data["rows"]:
         e, h, i, k, t = r["E"], r["H"], r["I"], r["top_k"], r["tokens"]
         g = r.get("E_global", e)
-        timed = [[k[1] if isinstance(k, list) else k for k in x["kernels"]] for x in r["results"]
-                 if "us" in x and not x.get("decode") and len(x.get("kernels") or ()) >= 4]
+        # each grouped result's kernel times ([name, us] or us), where it has all four stages
+        kern = [(x, [v[1] if isinstance(v, list) else v for v in x["kernels"]]) for x in r["results"]
+                if "us" in x and not x.get("decode") and len(x.get("kernels") or ()) >= 4]
         # the row's routing (its route-preparation kernels, median over choices) and finalize (its shortest: a
         # finalize launched early under PDL waits for the down GEMM inside its own profiled time)
-        base = float(np.median([sum(ks[:-3]) for ks in timed]) + min(ks[-1] for ks in timed)) if timed else None
-        for x in r["results"]:
-            ks = [k[1] if isinstance(k, list) else k for k in x.get("kernels") or ()]  # [name, us] or us
-            if "us" not in x or x.get("decode") or not ks or len(ks) < 4 or list(x["splits"]) != [1, 1]:
+        base = float(np.median([sum(ks[:-3]) for _, ks in kern]) + min(ks[-1] for _, ks in kern)) if kern else None
+        for x, ks in kern:
+            if list(x["splits"]) != [1, 1]:
                 continue
             if not in_model_domain(x["family"], x["tiles"], i):  # outside the domain the family lets the model choose it
                 continue
@@ -250,10 +250,11 @@ def main(argv=None) -> int:
             continue
         cfgs = _configs(ent["family"], ent["tiles"])
         up_cfg[name] = (ent["family"], cfgs[0])
-        (r_up, s_up), (r_down, s_down) = _gemm_shapes(ent["family"], cfgs)
+        shapes = _gemm_shapes(ent["family"], cfgs)
+        (r_up, s_up), (r_down, s_down) = shapes
         tn = ent["tiles"]["tokens_per_tile"]
         if args.target == "call":
-            up, down = _fit_call(ent["call"], _gemm_shapes(ent["family"], cfgs), tn, args.time_scale)
+            up, down = _fit_call(ent["call"], shapes, tn, args.time_scale)
             entries[name] = dict(tokens_per_tile=tn, up=up, down=down)
             print(f"{name:70s} call rms {up['rms_rel']:.3f}")
             continue
