@@ -397,3 +397,16 @@ def test_plan_says_decode_is_off(monkeypatch):
     finally:
         monkeypatch.delenv("W4A16_MOE_CUTE_DECODE")
         settings.refresh()
+
+
+@pytest.mark.parametrize("scheme", ["int4_g128", "int4_g32_zp"])
+def test_the_cost_model_note_describes_the_choice_the_plan_takes(scheme):
+    """The plan's ``cost model: ~X us`` is the prediction of the choice it runs: the model is asked with the call's
+    scheme (the four-consumer-warpgroup tiles are left out for INT4 g32 with zero points, so the DeepSeek-V2 shape
+    at 1024 tokens takes another tile there than at g128)."""
+    call = MoECall(1024, 6, 5120, 1536, 160, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"),
+                   "deterministic", 0, scheme)
+    p = provider.plan(call, DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132))
+    family, tiles, us = fam.model_choice(1024 * 6, 160, 5120, 1536, True, 6, None, 132, scheme)
+    assert (p.family, dict(p.tiles)) == (family, tiles), p.describe()
+    assert p.note.startswith(f"cost model: ~{us:.0f} us for both GEMMs"), (p.note, us)

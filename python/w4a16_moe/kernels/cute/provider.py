@@ -258,7 +258,7 @@ def _rule_note(base: KernelFamily, call, info: DeviceInfo) -> str:
     if pick is None or get_scheme(call.scheme).is_fp4:
         return "rule"
     got = pick(call.tokens * call.top_k, call.experts, call.hidden, call.intermediate, call.activation.gated,
-               call.top_k, call.global_experts, info.sms)
+               call.top_k, call.global_experts, info.sms, call.scheme)
     return "rule" if got is None else f"cost model: ~{got[2]:.0f} us for both GEMMs"
 
 
