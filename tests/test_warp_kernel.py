@@ -71,6 +71,12 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BUCKETS = {f"t{t['tokens_per_tile']}": t for _, t in fam.TILES}
 #: the same tiles as the provider launches them with PDL (warp.family.pdl_launch: small-expert layers)
 PDL_BUCKETS = {b + "pdl": dict(t, pdl=True) for b, t in BUCKETS.items()}
+#: TN 16 / 24 / 32 with the K loop built for their occupied token blocks too (``occupancy``), plain, with PDL and
+#: looping over their tiles
+_T24 = {f"t{t['tokens_per_tile']}": t for t in fam.model_tiles()}["t24"]
+OCC_BUCKETS = {f"t{t['tokens_per_tile']}occ{sfx}": dict(t, occupancy=True, **extra)
+               for t in (BUCKETS["t16"], _T24, BUCKETS["t32"])
+               for sfx, extra in (("", {}), ("pdl", {"pdl": True}), ("tl", {"tile_loop": True}))}
 TOKENS = [0, 1, 7, 8, 9, 33, 300]
 
 # parametrization tables (also the source of needed_specs())
@@ -84,7 +90,7 @@ def _cfgs(scheme: str, dtype: str, activation: str, bucket: str):
     """(gate_up, down y, down atomic_f32) configs."""
     sch = get_scheme(scheme)
     gated = get_activation(activation).gated
-    tiles = {**BUCKETS, **PDL_BUCKETS}[bucket]
+    tiles = {**BUCKETS, **PDL_BUCKETS, **OCC_BUCKETS, **OCC_PLAIN}[bucket]
     up, down_y = fam.gemm_configs(sch, dtype, activation, gated, "deterministic", tiles)
     _, down_a = fam.gemm_configs(sch, dtype, activation, gated, "fused", tiles)
     return {"gate_up": up, "down_y": down_y, "down_atomic": down_a}
@@ -106,6 +112,9 @@ def needed_specs() -> list:
         cfgs += _cfgs("int4_g32", "bf16", "swiglu", b).values()  # W1 benchmark
     for b in PDL_CASES:
         cfgs += _cfgs("int4_g32", "bf16", "swiglu", b).values()
+    for b in list(OCC_BUCKETS) + list(OCC_PLAIN):
+        for scheme in OCC_SCHEMES:
+            cfgs += _cfgs(scheme, "bf16", "swiglu", b).values()
     out, seen = [], set()
     for s in [fam.spec_for(c) for c in cfgs] + stream_specs():
         if s not in seen:
@@ -326,7 +335,8 @@ def _run_case(scheme, dtype, activation, bucket, gemm, t, case="random", seed=0,
             _sync()
             _check(name, out[:nvalid], _ref_gate_up(x, ids, plan, offset, r13, activation), row_ids=routes)
             assert torch.isnan(out[nvalid:]).all(), f"{name}: rows past the valid slots were written"
-            outs.append(out[:nvalid])
+            # in route-id order: the route preparation may order an expert's slots differently from call to call
+            outs.append(out[:nvalid][routes.argsort()])
         else:
             p = _packed_for(cfg, scheme, activation, "w2")
             if hin is None:
@@ -426,6 +436,33 @@ def test_pdl_kernels(bucket, gemm, splits):
 
 
 # ------------------------------------------------------------------------------------------------------------
+# occupancy: a tile with routes in at most half its token blocks runs the K loop built for those blocks
+# ------------------------------------------------------------------------------------------------------------
+#: the same tiles without ``occupancy`` (the reference the occupancy kernels must match bit for bit)
+OCC_PLAIN = {b + "plain": dict(t, occupancy=False) for b, t in OCC_BUCKETS.items()}
+#: INT4 g128 (FP32 partial sums per scale group up to TN 32) and g32 (scales on the weights)
+OCC_SCHEMES = ["int4_g128", "int4_g32"]
+
+
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("scheme", OCC_SCHEMES)
+@pytest.mark.parametrize("bucket", list(OCC_BUCKETS))
+def test_occupancy(bucket, scheme, gemm):
+    """Token counts whose tiles are all small (1, 9: 0.5 / 4.5 routes per expert), mixed (33) and mostly full
+    (300), some routes invalid: checked against the FP64 reference, NaN-poisoned, and bit-identical to the kernel
+    without ``occupancy`` (the occupied blocks run the same MMAs in the same order); with split-K too."""
+    cfg = _cfgs(scheme, "bf16", "swiglu", bucket)[gemm]
+    assert cfg.occupancy and len(cfg.occupancy_levels) == 2
+    for t in (1, 9, 33, 300):
+        for splits in ((1, 2) if not cfg.tile_loop else (1,)):
+            got = _run_case(scheme, "bf16", "swiglu", bucket, gemm, t, case="ep_invalid", seed=t, splits=splits)
+            ref = _run_case(scheme, "bf16", "swiglu", bucket + "plain", gemm, t, case="ep_invalid", seed=t,
+                            splits=splits)
+            if gemm != "down_atomic":  # FP32 atomics are order-nondeterministic by design
+                assert torch.equal(got[0], ref[0]), f"{cfg.name()} T={t} splits={splits}: differs from the plain kernel"
+
+
+# ------------------------------------------------------------------------------------------------------------
 # row-block streaming: short-K launches with grids large enough that a CTA runs several row blocks
 # ------------------------------------------------------------------------------------------------------------
 #: (gemm, scheme, tile, bias, H, I, tokens): H = 2944 / 5888 are 23 / 46 row blocks (not multiples of the row
@@ -439,8 +476,11 @@ STREAM_CASES = [
     ("down_atomic", "int4_g128", "t32", False, 5888, 256, 1000),
     ("down_y", "nvfp4", "t8", False, 2944, 256, 300),
     ("down_y", "mxfp4", "t8", True, 2944, 256, 300),
+    ("down_y", "int4_g128", "t16occ", False, 2944, 256, 1000),
+    ("down_atomic", "int4_g32", "t24occ", False, 5888, 256, 1000),
 ]
 _STREAM_TILES = {f"t{t['tokens_per_tile']}": t for t in fam.model_tiles()}
+_STREAM_TILES.update({k + "occ": dict(t, occupancy=True) for k, t in _STREAM_TILES.items() if k in ("t16", "t24")})
 
 
 def _stream_cfg(gemm, scheme, tile, bias):

@@ -323,7 +323,8 @@ def test_config_names_unique_and_complete():
     base = WarpGemmConfig()
     changes = dict(mode="down", dtype="fp16", kind="nvfp4", group=64, zero_point=True, warps=8, m16_per_warp=1,
                    tokens_per_tile=16, k_tile=64, stages=3, activation="geglu", epilogue="h", evict_first=False,
-                   min_ctas_per_sm=2, bias=True, row_blocks=1, acc_scales=False, tile_loop=True, pdl=True)
+                   min_ctas_per_sm=2, bias=True, row_blocks=1, acc_scales=False, tile_loop=True, pdl=True,
+                   occupancy=True)
     assert set(changes) == {f.name for f in dataclasses.fields(WarpGemmConfig)}
     for key, val in changes.items():
         other = dataclasses.replace(base, **{key: val})

@@ -94,6 +94,20 @@ class WarpGemmConfig:
     # preparation before reading the routing tables, then lets the down kernel launch; down lets the finalize
     # launch at once and streams its first weight stages before it waits for h
     pdl: bool = False
+    # TN 16-32: the K loop is built twice, for all TN / 8 token blocks of 8 and for the first ceil(TN / 16) of them,
+    # and a tile with at most 8 * ceil(TN / 16) routes runs the second (half the MMAs, ldmatrix loads and
+    # activation copies; see ``occupancy_levels``)
+    occupancy: bool = False
+
+    @property
+    def occupancy_levels(self) -> tuple:
+        """The n8 token blocks each build of the K loop computes, ascending: ``(ceil(TN / 16), TN / 8)`` with
+        ``occupancy`` (TN 16: 1 / 2, TN 24: 2 / 3, TN 32: 2 / 4), else ``(TN / 8,)``. A tile runs the first level
+        that holds its routes."""
+        nb8 = self.tokens_per_tile // 8
+        if not self.occupancy:
+            return (nb8,)
+        return ((nb8 + 1) // 2, nb8)
 
     @property
     def gated(self) -> bool:
@@ -174,6 +188,7 @@ class WarpGemmConfig:
         extra += "" if self.acc_scales else "_sw"
         extra += "_tl" if self.tile_loop else ""
         extra += "_pdl" if self.pdl else ""
+        extra += "_occ" if self.occupancy else ""
         return (
             f"warp_{self.mode}_{self.dtype}{kind}_g{g}{zp}_w{self.warps}m{self.m16_per_warp}_t{self.tokens_per_tile}"
             f"_k{self.k_tile}_s{self.stages}_{self.epi}{act}{extra}"

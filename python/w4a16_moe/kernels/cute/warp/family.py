@@ -34,7 +34,8 @@ from .. import tiles as tiles_rule
 from ....loader.spec import KernelSpec, config_codec
 
 __all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "MODEL_TILES", "model_tiles", "spec_for", "config_from_spec", "select_tiles",
-           "gemm_configs", "num_splits", "cta_slots", "UP_ROW_BLOCKS", "SPLIT_MIN_EXPERT_BYTES", "variants", "aot_variants", "kernel_config", "group_param"]
+           "gemm_configs", "num_splits", "cta_slots", "UP_ROW_BLOCKS", "SPLIT_MIN_EXPERT_BYTES", "variants", "aot_variants", "kernel_config", "group_param",
+           "OCCUPANCY_TOKENS", "occupancy"]
 
 FAMILY = "warp_w4a16_gemm"
 
@@ -122,9 +123,25 @@ def pdl_launch(gate_up_rows: int, hidden: int, tile_loop: bool) -> bool:
     return not tile_loop and gate_up_rows * hidden // 2 <= PDL_MAX_EXPERT_BYTES
 
 
+#: token tiles whose kernels are built with ``occupancy`` unless the tile dict says otherwise: a tile of an expert
+#: with at most ``8 * ceil(TN / 16)`` routes runs the K loop of those token blocks only (half the MMAs, ldmatrix
+#: loads and activation copies). H100, docs/perf/2026-12-06-occupancy (11 layers at 8-256 tokens, split-K rule, each
+#: tile with and without): call time 0.962 / 0.950 / 0.853 x (geometric mean) at TN 16 / 24 / 32, 0.71-1.07 x per row
+OCCUPANCY_TOKENS = (16, 24, 32)
+
+
+def occupancy(tiles: dict) -> bool:
+    """Whether the kernels of a tile dict are built with ``occupancy``: its own ``occupancy`` key, else
+    ``tokens_per_tile`` in :data:`OCCUPANCY_TOKENS`."""
+    if "occupancy" in tiles:
+        return bool(tiles["occupancy"])
+    return tiles.get("tokens_per_tile", 8) in OCCUPANCY_TOKENS
+
+
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
     """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused;
-    ``bias``: per-expert biases, as in the SM90 family's ``gemm_configs``)."""
+    ``bias``: per-expert biases, as in the SM90 family's ``gemm_configs``; ``occupancy``: :func:`occupancy`)."""
+    tiles = dict(tiles, occupancy=occupancy(tiles))
     return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())), bias)
 
 

@@ -75,6 +75,14 @@ after the next iteration's barrier), store the row block and clear the accumulat
 first stages are in flight; the CTA's last row block ends as above. For a K = 256 down GEMM a one-row-block CTA
 streams only two stages and spends most of its life on its expert search, first loads and stores.
 
+Occupancy (static ``cfg.occupancy``, TN 16-32; :attr:`.config.WarpGemmConfig.occupancy_levels`): the K loop is built
+twice, for all ``TN / 8`` token blocks of 8 and for the first ``lo = ceil(TN / 16)``; a tile with at most ``8 lo``
+routes (``count``, uniform over the CTA: one branch before the loop) runs the second, which copies, loads
+(``ldmatrix``) and multiplies only those rows; the other accumulators stay zero and their rows are never stored. A
+TN 16 tile of an expert with 1-8 routes then does the MMA work of a TN 8 tile (at the TN 16 kernel's registers),
+while an expert with 9-16 routes still streams its weights once. The occupied blocks run the same MMAs in the same
+order as without ``occupancy`` (bit-identical results).
+
 Epilogue (all threads): FP32 accumulators -> shared staging ``[TN][RB + 4]`` (conflict-free ``st.shared``)
 -> optional split-K fixup -> (NVFP4 global scale) -> activation (gate and up columns ``j`` and ``RB/2 + j``
 of a staging row) -> 16-byte coalesced stores of 8 outputs, or FP32 reductions (``atomic_f32``). Everything
@@ -204,6 +212,8 @@ class WarpW4A16GroupedGemm:
             raise ValueError("stages must be >= 2")
         if not 1 <= c.row_blocks <= 64:
             raise ValueError("row_blocks must be in [1, 64]")
+        if c.occupancy and not 16 <= c.tokens_per_tile <= 32:
+            raise ValueError("occupancy needs tokens_per_tile in 16..32 (two builds of the K loop)")
         self.cfg = c
         self.is_bf16 = c.dtype == "bf16"
         self.W, self.MW, self.TN, self.BK, self.S = c.warps, c.m16_per_warp, c.tokens_per_tile, c.k_tile, c.stages
@@ -443,20 +453,38 @@ class WarpW4A16GroupedGemm:
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
 
-        issue = (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT)
-        if const_expr(self.stream):
-            if nrb > 1:
-                self._stream_loop(acc, issue, nk, nrb, buf, warp, lane, epi_args)
-            else:
-                self._loop(acc, issue, nk, buf, warp, lane)
+        levels = self.cfg.occupancy_levels
+        if const_expr(len(levels) == 1):
+            self._loops(acc, (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT), nk, nrb,
+                        buf, warp, lane, epi_args, self.NB8)
         else:
-            self._loop(acc, issue, nk, buf, warp, lane)
+            # the tile's occupied n8 token blocks: the smaller build when they fit it (copying, loading and
+            # multiplying only its rows), else the full one (the branch is uniform over the CTA)
+            lo = levels[0]
+            if (count + 7) // 8 <= lo:
+                lo_total = 8 * lo * CPR
+                self._loops(acc, (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, lo_total,
+                                  (lo_total + T - 1) // T), nk, nrb, buf, warp, lane, epi_args, lo)
+            else:
+                self._loops(acc, (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT), nk, nrb,
+                            buf, warp, lane, epi_args, self.NB8)
         ptx.cp_async_wait(0)
         cute.arch.sync_threads()
         return acc
 
     @cute.jit
-    def _loop(self, acc, issue, nk, buf, warp, lane):
+    def _loops(self, acc, issue, nk, nrb, buf, warp, lane, epi_args, nb8: cutlass.Constexpr):
+        """The K loop of ``nb8`` token blocks of 8 (row-block streaming where the kernel streams)."""
+        if const_expr(self.stream):
+            if nrb > 1:
+                self._stream_loop(acc, issue, nk, nrb, buf, warp, lane, epi_args, nb8)
+            else:
+                self._loop(acc, issue, nk, buf, warp, lane, nb8)
+        else:
+            self._loop(acc, issue, nk, buf, warp, lane, nb8)
+
+    @cute.jit
+    def _loop(self, acc, issue, nk, buf, warp, lane, nb8: cutlass.Constexpr):
         """The ``nk`` K tiles of one row block (stage ``it`` = chunk ``it``, activations of K tile ``it``)."""
         S = self.S
         # prologue: S - 1 tiles in flight
@@ -468,10 +496,10 @@ class WarpW4A16GroupedGemm:
             if nxt < nk:
                 self._issue(nxt, nxt % S, nxt, *issue)
             ptx.cp_async_commit()
-            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
+            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane, nb8)
 
     @cute.jit
-    def _stream_loop(self, acc, issue, nk, nrb, buf, warp, lane, epi_args):
+    def _stream_loop(self, acc, issue, nk, nrb, buf, warp, lane, epi_args, nb8: cutlass.Constexpr):
         """``nrb`` row blocks x ``nk`` K tiles as one sequence (stage ``q`` = chunk ``q``, activations of K tile
         ``q % nk``, tracked with counters: no run-time division per stage); every row block but the last is
         stored from the stage its last K tile was consumed from (:meth:`_row_epilogue`)."""
@@ -490,7 +518,7 @@ class WarpW4A16GroupedGemm:
                 if kt_i == nk:
                     kt_i = Int32(0)
             ptx.cp_async_commit()
-            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane)
+            self._compute(acc, buf + (it % S) * self.stage_bytes, warp, lane, nb8)
             kt_c = kt_c + 1
             if kt_c == nk:
                 kt_c = Int32(0)
@@ -593,10 +621,12 @@ class WarpW4A16GroupedGemm:
         return res
 
     @cute.jit
-    def _compute(self, acc, sbase, warp, lane):
-        """All MMAs of one K tile from ring stage ``sbase``."""
+    def _compute(self, acc, sbase, warp, lane, nb8_used: cutlass.Constexpr):
+        """All MMAs of one K tile from ring stage ``sbase``, on the first ``nb8_used`` token blocks of 8 (the
+        accumulators of the others stay as they are: zero)."""
         cfg = self.cfg
-        MW, C, KB, NB8, BK, gpt = self.MW, self.C, self.KB, self.NB8, self.BK, self.gpt
+        MW, C, KB, BK, gpt = self.MW, self.C, self.KB, self.BK, self.gpt
+        NB8 = nb8_used
         is_bf16 = self.is_bf16
         q = lane // 4
         words, s_words, s_lo, s_hi, b_lo, b_hi = [], [], [], [], [], []
@@ -649,7 +679,7 @@ class WarpW4A16GroupedGemm:
                         else:
                             a.append(self._dequant_fp4(word, i, sc))
                     for nb8 in cutlass.range_constexpr(NB8):
-                        base = (m * NB8 + nb8) * 4
+                        base = (m * self.NB8 + nb8) * 4
                         if const_expr(acc_scale):
                             c = [zero] * 4
                             if const_expr(kb % KG != 0):
