@@ -159,8 +159,9 @@ def test_spec_fields_round_trip(family_mod):
              for a in ("swiglu", OAI_CUSTOM) for f in ("deterministic", "fused") for b in (False, True)}
     assert len(downs) == 3  # y, y + bias, atomic_f32 (no bias: the accumulator starts from the biases)
     up, down = _configs(family_mod, OAI_CUSTOM, "deterministic", True)
-    # (the warp gate/up kernels are built with one row block per CTA: name suffix _r1)
-    assert up.name().endswith(("_swiglu_oai_a1p5_l2p0_bias_ser", "_swiglu_oai_a1p5_l2p0_bias_r1"))
+    # (the warp gate/up kernels are built with one row block per CTA: name suffix _r1; TN 32 for the tiles' occupied
+    # token blocks too: _occ)
+    assert up.name().endswith(("_swiglu_oai_a1p5_l2p0_bias_ser", "_swiglu_oai_a1p5_l2p0_bias_r1_occ"))
     assert up.gated and "_y_bias" in down.name()
     plain_up, plain_down = _configs(family_mod, "swiglu", "deterministic", False)
     assert "bias" not in plain_up.name() + plain_down.name()  # existing kernels keep their config names
