@@ -46,7 +46,7 @@ def main():
             v.append(x)
             if tn in wfam.OCCUPANCY_TOKENS:
                 print(f"   {r['layer']:>20} T={r['tokens']:<4} TN {tn}: {x:.3f}")
-    print(f"   {len(v)} rows (TN 8 rows: 1), geo {geo(v):.4f}")
+    print(f"   {len(v)} rows (TN 8 picks, unchanged, count as 1), geo {geo(v):.4f}")
     print("3. unsplit: the shipped model's pick among the warp tiles over the fastest warp tile")
     m = cm.model()
     out = []

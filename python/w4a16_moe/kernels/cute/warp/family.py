@@ -141,13 +141,13 @@ def occupancy(tiles: dict) -> bool:
 def gemm_configs(scheme, dtype: str, activation: str, gated: bool, finalize: str, tiles: dict, bias: bool = False):
     """(gate_up, down) :class:`~.config.WarpGemmConfig` of one call (``finalize``: deterministic | fused;
     ``bias``: per-expert biases, as in the SM90 family's ``gemm_configs``; ``occupancy``: :func:`occupancy`)."""
-    tiles = dict(tiles, occupancy=occupancy(tiles))
     return _gemm_configs(scheme, dtype, activation, gated, finalize, tuple(sorted(tiles.items())), bias)
 
 
 @functools.lru_cache(maxsize=4096)
 def _gemm_configs(scheme, dtype, activation, gated, finalize, tiles_items, bias=False):
     tiles = dict(tiles_items)
+    tiles["occupancy"] = occupancy(tiles)
     common = dict(dtype=dtype, kind=scheme.kind, group=group_param(scheme), zero_point=scheme.zero_point, **tiles)
     up = kernel_config(mode="gate_up", activation=activation, bias=bias, **dict(common, row_blocks=UP_ROW_BLOCKS))
     det = finalize == "deterministic"

@@ -453,21 +453,18 @@ class WarpW4A16GroupedGemm:
         warp = cute.arch.make_warp_uniform(tidx // 32)
         lane = tidx % 32
 
-        levels = self.cfg.occupancy_levels
-        if const_expr(len(levels) == 1):
-            self._loops(acc, (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT), nk, nrb,
-                        buf, warp, lane, epi_args, self.NB8)
+        issue = (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP)  # + (activation pieces, NIT)
+        lo = self.cfg.occupancy_levels[0]
+        if const_expr(lo == self.NB8):
+            self._loops(acc, issue + (total, NIT), nk, nrb, buf, warp, lane, epi_args, self.NB8)
         else:
             # the tile's occupied n8 token blocks: the smaller build when they fit it (copying, loading and
             # multiplying only its rows), else the full one (the branch is uniform over the CTA)
-            lo = levels[0]
             if (count + 7) // 8 <= lo:
                 lo_total = 8 * lo * CPR
-                self._loops(acc, (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, lo_total,
-                                  (lo_total + T - 1) // T), nk, nrb, buf, warp, lane, epi_args, lo)
+                self._loops(acc, issue + (lo_total, (lo_total + T - 1) // T), nk, nrb, buf, warp, lane, epi_args, lo)
             else:
-                self._loops(acc, (tidx, w_base, act_base, src_off, dst_off, policy, buf, P, NWP, total, NIT), nk, nrb,
-                            buf, warp, lane, epi_args, self.NB8)
+                self._loops(acc, issue + (total, NIT), nk, nrb, buf, warp, lane, epi_args, self.NB8)
         ptx.cp_async_wait(0)
         cute.arch.sync_threads()
         return acc
