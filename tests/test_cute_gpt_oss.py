@@ -127,9 +127,9 @@ def test_feature_reasons_per_family():
         assert registry.get(name).can_implement(_oss_call(4, activation=OAI_CUSTOM)) is None
         assert registry.get(name).can_implement(plain) is None
     # the shape rules still apply (and still name the rule)
-    odd = MoECall(4, 4, 2880, 2880 + 32, 8, torch.bfloat16, torch.device("cuda"), get_activation(OAI),
+    odd = MoECall(4, 4, 2880, 2880 + 16, 8, torch.bfloat16, torch.device("cuda"), get_activation(OAI),
                   "deterministic", 0, "mxfp4", False, True)
-    assert "not a multiple of 64" in registry.get("sm90").can_implement(odd)
+    assert "not a multiple of the group size 32" in registry.get("sm90").can_implement(odd)
 
 
 def _configs(family_mod, activation, finalize, bias, scheme="mxfp4"):

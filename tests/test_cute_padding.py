@@ -191,7 +191,9 @@ def _check_padded(p, call):
     return hp, ip
 
 
-SHAPES = [(2880, 2880), (2688, 1856), (192, 320), (128, 64), (3008, 1984), (1024, 384)]
+SHAPES = [(2880, 2880), (2688, 1856), (192, 320), (128, 64), (3008, 1984), (1024, 384),
+          # multiples of 32, not of 64: gpt-oss at TP 2, Qwen3-30B-A3B and Phi-3.5-MoE at TP 8, a small odd layer
+          (2880, 1440), (2048, 96), (4096, 800), (1056, 160)]
 
 
 @pytest.mark.parametrize("h,i", SHAPES)
@@ -253,12 +255,25 @@ def test_padded_sizes_helper():
 @pytest.mark.parametrize("h,i,scheme,match", [
     (2880, 2880, "int4_g128", "hidden size H = 2880 is not a multiple of the group size 128"),
     (2048, 1856, "int4_g128", "intermediate size I = 1856 is not a multiple of the group size 128"),
-    (96, 256, "int4_g32", "hidden size H = 96 is not a multiple of 64"),
-    (256, 160, "int4_g32", "intermediate size I = 160 is not a multiple of 64"),
+    (1040, 256, "int4_g32", "hidden size H = 1040 is not a multiple of the group size 32"),
+    (100, 256, "int4_channel", "hidden size H = 100 is not a multiple of 8"),
+    (256, 164, "int4_channel", "intermediate size I = 164 is not a multiple of 8"),
 ])
 def test_refusals_name_the_rule(_kernels_anywhere, h, i, scheme, match):
     why = provider.unavailable_reason(_call(8, h, i, scheme), H200)
     assert why is not None and match in why and "provider cute" in why
+
+
+@pytest.mark.parametrize("h,i,scheme", [(96, 256, "int4_g32"), (256, 160, "int4_g32"), (1040, 176, "nvfp4"),
+                                        (1000, 200, "int4_channel"), (2880, 1440, "mxfp4")])
+def test_every_size_the_weights_allow_runs(_kernels_anywhere, h, i, scheme):
+    """The CuTe rule is the weights' own (multiples of 8 and of the group): every such layer gets a padded plan."""
+    for tokens in (1, 24, 2048):
+        call = _call(tokens, h, i, scheme)
+        assert provider.unavailable_reason(call, H200) is None
+        p = provider.plan(call, H200)
+        hp, ip = _check_padded(p, call)
+        assert p.pad == (hp, ip) != (h, i)
 
 
 # ----------------------------------------------------------------------------------------------------------

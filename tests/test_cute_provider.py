@@ -173,17 +173,21 @@ def test_first_use_inside_capture_raises():
     assert nrmse(y, wm.reference_moe(x, w, tw, ids)) < TOL
 
 
-def test_auto_prefers_cute_and_falls_back():
+def test_auto_prefers_cute_on_every_size():
     w = _weights("int4_g32")
     x = torch.randn(3, w.hidden_size, device="cuda").to(torch.bfloat16)
     tw, ids = random_routing(3, 2, 8, device="cuda")
     assert select_provider(check_moe_call(x, w, tw, ids), "auto").provider == "cute"
     w4 = _weights("nvfp4")
     assert select_provider(check_moe_call(x, w4, tw, ids), "auto").provider == "cute"
+    # sizes that are not multiples of the tiles (nor of 64) run padded on the CuTe kernels, not on Triton
     odd = _weights("int4_g32", h=320, i=160)
-    with pytest.raises(wm.ProviderUnavailable,
-                       match=r"intermediate size I = 160 is not a multiple of 64 .*provider cute"):
-        wm.fused_moe(torch.randn(3, 320, device="cuda").to(torch.bfloat16), odd, tw, ids, backend="cute")
+    x = torch.randn(3, 320, device="cuda").to(torch.bfloat16)
+    d = select_provider(check_moe_call(x, odd, tw, ids), "auto")
+    assert d.provider == "cute" and d.plan.pad, d.plan.describe()
+    out = torch.full_like(x, float("nan"))
+    wm.fused_moe(x, odd, tw, ids, backend="cute", out=out)
+    assert not torch.isnan(out).any() and nrmse(out, wm.reference_moe(x, odd, tw, ids)) < TOL
 
 
 # every candidate tile shape of the tuner (the rule's buckets + deep-pipeline decode shapes), each with

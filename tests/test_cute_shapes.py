@@ -4,8 +4,10 @@ A fuzz over random ``(H, I)`` multiples of 64 in ``[128, 3072]`` (plus gpt-oss 2
 Nemotron-style 2688/1856) through the three CuTe families: the route-major decode kernels
 (``W4A16_MOE_CUTE_DECODE=1``), the SM90 WGMMA grouped GEMMs (``W4A16_MOE_CUTE_DECODE=0``) and the portable
 warp family (``W4A16_MOE_CUTE_FAMILY=warp``), both finalize modes, BF16 and FP16, several schemes; every
-output poisoned with NaN first, NRMSE < 0.02 against ``reference_moe``. Also the masked layout and the
-expert-parallel halves on padded layers.
+output poisoned with NaN first, NRMSE < 0.02 against ``reference_moe``. Then sizes that are multiples of 8 or
+16 but not of 64 (tensor-parallel shards: gpt-oss's ``I = 1440`` at TP 2 with its biases and ``swiglu_oai``,
+Qwen3-30B-A3B's ``I = 96`` at TP 8, Phi-3.5-MoE's ``I = 800`` at TP 8, NVFP4 and per-channel layers with odd
+``H``) on every path. Also the masked layout and the expert-parallel halves on padded layers.
 
 Kernels it needs (all in the ``full`` AOT subset, no tuner-only candidate is forced): the rule's tile
 buckets of the SM90 family for 2..8 and 40 routes per expert (TN 8 / 16 and TN 64; the masked case TN 16) and
@@ -25,7 +27,7 @@ from w4a16_moe.providers import select_provider
 from w4a16_moe.routes import combine_routes, expert_routes
 from w4a16_moe.validate import check_moe_call
 
-from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, run_cute_moe, with_biases
 
 SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")]
@@ -84,10 +86,46 @@ def test_any_shape(monkeypatch, h, i, scheme, dtype, finalize, activation, path)
                      seed=t)
 
 
-@pytest.mark.parametrize("h,i", [(2880, 2880), (2688, 1856)])
+#: (H, I, scheme, activation, biases): sizes that are multiples of the scheme's group (and of 8), not of 64
+SHARDS = [
+    (2880, 1440, "mxfp4", "swiglu_oai", True),  # gpt-oss-120b / -20b at TP 2
+    (2048, 96, "int4_g32", "swiglu", False),  # Qwen3-30B-A3B at TP 8
+    (4096, 800, "int4_g32_zp", "swiglu", False),  # Phi-3.5-MoE at TP 8
+    (1040, 176, "nvfp4", "swiglu", False),  # H and I multiples of 16 only
+    (1000, 200, "int4_channel", "relu2", False),  # multiples of 8 only, non-gated
+]
+
+
+def _shard_cases():
+    # the decode kernels implement no biases (a call with biases never takes them: test_cute_gpt_oss.py)
+    return [pytest.param(*s, dtype, path, id=f"{s[0]}x{s[1]}-{s[2]}-{str(dtype)[6:]}-{path}")
+            for s in SHARDS for dtype in (torch.bfloat16, torch.float16) for path in PATHS
+            if not (s[4] and path == "decode")]
+
+
+@pytest.mark.parametrize("h,i,scheme,activation,bias,dtype,path", _shard_cases())
+def test_shards_not_multiples_of_64(monkeypatch, h, i, scheme, activation, bias, dtype, path):
+    _set_path(monkeypatch, path)
+    w = random_weights(scheme, 8, h, i, activation=activation, dtype=dtype, device="cuda", seed=h + i)
+    if bias:
+        w = with_biases(w)
+    for t, k, fin in ((2, 4, "deterministic"),) if path == "decode" else ((3, 4, "fused"), (80, 4, "deterministic")):
+
+        def on_path(x, tw, ids):
+            call = check_moe_call(x, w, tw, ids, activation=activation, finalize=fin)
+            d = select_provider(call, "auto")
+            assert d.provider == "cute" and d.plan.decode == (path == "decode"), d.plan.describe()
+            assert d.plan.family == ("decode" if path == "decode" else path)
+            hp, ip = d.plan.pad
+            assert hp >= h and ip > i and ip - i < 256 and hp - h < 256, d.plan.describe()
+
+        run_cute_moe(w, t, k, dtype=dtype, activation=activation, finalize=fin, tol=TOL, check_path=on_path, seed=t)
+
+
+@pytest.mark.parametrize("h,i", [(2880, 2880), (2688, 1856), (2048, 96)])
 def test_masked_and_expert_routes_padded(monkeypatch, h, i):
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
-    w = random_weights("int4_g64", 8, h, i, dtype=torch.bfloat16, device="cuda", seed=5)
+    w = random_weights("int4_g64" if i % 64 == 0 else "int4_g32", 8, h, i, dtype=torch.bfloat16, device="cuda", seed=5)
     cap, masked = 16, [0, 1, 16, 7, 9, 99, -3, 8]
     g = torch.Generator(device="cpu").manual_seed(1)
     x = torch.randn(8, cap, h, generator=g).to(torch.bfloat16).cuda()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,9 +23,12 @@ SM75 = DeviceInfo("cuda", "Tesla T4", (7, 5), 40)
 
 @pytest.fixture
 def call():
-    w = random_weights("int4_g32", 4, 96, 64)  # H = 96: not a multiple of 64, refused by every CuTe family
+    """A call every CuTe family refuses for its shape: ``H = 100`` breaks their rule (multiples of 8). No 4-bit
+    weights have such an ``H`` (their own rule is the same), so the call is the checked one of ``H = 96`` with
+    ``hidden`` replaced: what these tests exercise is the provider choice."""
+    w = random_weights("int4_channel", 4, 96, 64)
     tw, ids = random_routing(3, 2, 4)
-    return check_moe_call(torch.randn(3, 96, dtype=torch.float16), w, tw, ids)
+    return dataclasses.replace(check_moe_call(torch.randn(3, 96, dtype=torch.float16), w, tw, ids), hidden=100)
 
 
 @pytest.fixture(autouse=True)
@@ -74,8 +79,8 @@ def test_reference_runs_anywhere(call):
 
 # SM80 / SM100 have a CuTe family (the portable warp-MMA one), so what stops them here is the toy shape
 @pytest.mark.parametrize("info,match", [(CPU, "not a CUDA GPU"), (SM75, "no CuTe kernel family for sm_75"),
-                                        (SM80, "hidden size H = 96 is not a multiple of 64"),
-                                        (SM100, "hidden size H = 96 is not a multiple of 64")])
+                                        (SM80, "hidden size H = 100 is not a multiple of 8"),
+                                        (SM100, "hidden size H = 100 is not a multiple of 8")])
 def test_explicit_cute_is_strict(call, info, match):
     with pytest.raises(wm.ProviderUnavailable, match=f"backend='cute' cannot run fused_moe: .*{match}"):
         providers.select_provider(call, "cute", info)

@@ -5,8 +5,11 @@ multiple of the K tile (gated gate/up: ``n / 2`` a multiple of half the row bloc
 activations and outputs with those sizes as row strides: the producer gathers whole K tiles of ``x`` / ``h``
 rows at ``row * k`` without predication, and the epilogues store ``h`` at ``slot * n/2`` (gated) or
 ``slot * n``, ``y`` / the FP32 ``out`` at ``route * n`` / ``token * n``, the decode kernels ``out`` at
-``token * n``. A layer with ``H`` and ``I`` multiples of 64 (and of the scheme's group) therefore runs
-unchanged kernels on padded sizes ``Hp >= H`` and ``Ip >= I`` (:func:`padded_sizes`, once per plan):
+``token * n``. A layer with ``H`` and ``I`` multiples of 8 and of the scheme's group (what its weights need:
+whole groups, whole int32 words of codes) therefore runs unchanged kernels on padded sizes ``Hp >= H`` and
+``Ip >= I`` (:func:`padded_sizes`, once per plan): a TP shard such as gpt-oss's ``I = 1440`` (TP 2), Qwen3-30B-A3B's
+``I = 96`` (TP 8) or an NVFP4 layer's ``I = 176`` runs on the same kernels as its aligned neighbours, at the cost
+of the padded rows' and columns' bytes (at most one tile: ``Ip - I < 256``):
 
 * weights (once, at pack time; the packed layout's cache key names the padded sizes,
   :func:`pad_suffix`): :func:`pad_matrix` pads ``N`` and ``K`` with *zero-valued* codes (INT4 symmetric 8,
@@ -37,8 +40,9 @@ from ...formats.weights import QuantizedMatrix
 
 __all__ = ["SHAPE_MULTIPLE", "padded_sizes", "pad_suffix", "pad_matrix", "pad_cols", "zero_code"]
 
-#: H and I must be multiples of this (and of the scheme's group size) on the CuTe kernels
-SHAPE_MULTIPLE = 64
+#: H and I must be multiples of this (and of the scheme's group size) on the CuTe kernels: whole int32 words of
+#: 4-bit codes, the weights' own rule (:meth:`..formats.schemes.Scheme.min_k_multiple`); the tiles come from padding
+SHAPE_MULTIPLE = 8
 
 
 def _up(a: int, m: int) -> int:

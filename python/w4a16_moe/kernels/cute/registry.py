@@ -148,8 +148,9 @@ def feature_reason(call, *, bias: bool = False, swiglu_oai: bool = False) -> Opt
 
 def shape_reason(call, *, bias: bool = False, swiglu_oai: bool = False) -> Optional[str]:
     """The feature, shape and dtype rules of a family (None when ``call`` meets them): the features of
-    :func:`feature_reason` (``bias`` / ``swiglu_oai``: the family implements them), H and I multiples of 64
-    and of the scheme's group size (the provider pads other sizes up to the kernels' tiles, :mod:`.padding`)."""
+    :func:`feature_reason` (``bias`` / ``swiglu_oai``: the family implements them), H and I multiples of 8
+    (whole int32 words of codes) and of the scheme's group size: the rule of the weights themselves (the provider
+    pads every such size up to the kernels' tiles, :mod:`.padding`)."""
     import torch
 
     why = feature_reason(call, bias=bias, swiglu_oai=swiglu_oai)
