@@ -30,7 +30,7 @@ def test_specs_round_trip_and_are_unique():
         assert family.spec_for(cfg) == s
         assert KernelSpec.from_json(s.to_json()) == s
     modes = {family.config_from_spec(s).mode for s in specs}
-    assert modes == {"single", "hist", "place", "masked", "finalize"}
+    assert modes == {"single", "hist", "place", "masked", "finalize", "pad"}
     assert set(family.aot_variants("smoke")) <= set(family.aot_variants("full")) == set(specs)
     with pytest.raises(ValueError, match="subset"):
         family.aot_variants("nope")
@@ -48,6 +48,8 @@ def test_every_selectable_config_is_a_variant():
             for src in ("int32", "int64", "mask"):
                 for vec in (8, 1):
                     assert family.spec_for(family.finalize_config(dt, src, vec, pdl)) in specs
+        for vec in (8, 1):
+            assert family.spec_for(family.pad_config(vec, pdl)) in specs
 
 
 def test_warmup_configs_are_variants():
@@ -55,7 +57,7 @@ def test_warmup_configs_are_variants():
 
     specs = set(family.variants())
     cfgs = launch.configs_for(384, torch.device("cpu"))
-    assert len(cfgs) == 6 + 12 + 1 and {family.spec_for(c) for c in cfgs} <= specs
+    assert len(cfgs) == 6 + 12 + 2 + 1 and {family.spec_for(c) for c in cfgs} <= specs
 
 
 def test_bad_configs_are_named():
@@ -71,6 +73,27 @@ def test_bad_configs_are_named():
         RoutingConfig(ids="int16")
     with pytest.raises(ValueError, match="source"):
         family.finalize_config("bf16", "bool", 8, True)
+    with pytest.raises(ValueError, match="vec"):
+        family.pad_config(4, True)
+
+
+def test_pad_copy_rejects_bad_arguments():
+    launch = _launch()
+    with pytest.raises(TypeError, match="x: expected a 16-bit dtype"):
+        launch.pad_copy_cute(torch.zeros(2, 8), 16)
+    with pytest.raises(ValueError, match="x: must be contiguous"):
+        launch.pad_copy_cute(torch.zeros(8, 2, dtype=torch.bfloat16).t(), 16)
+    with pytest.raises(ValueError, match="width: expected >= x's last size 8"):
+        launch.pad_copy_cute(torch.zeros(2, 8, dtype=torch.bfloat16), 4)
+
+
+def test_finalize_rejects_a_ybuf_that_is_not_row_major():
+    launch = _launch()
+    w, out = torch.zeros(2, 2), torch.zeros(2, 8, dtype=torch.bfloat16)
+    for y in (torch.zeros(4, 6, dtype=torch.bfloat16), torch.zeros(16, 4, dtype=torch.bfloat16).t(),
+              torch.zeros(3, 8, dtype=torch.bfloat16)):
+        with pytest.raises(ValueError, match=r"ybuf: expected a row-major \[4, >= 8\] tensor"):
+            launch.launch_finalize_cute(y, w, out, topk_ids=torch.zeros(2, 2, dtype=torch.int32), num_experts=1)
 
 
 def test_routing_setting_auto_takes_the_cute_kernels_only_when_all_are_prebuilt(monkeypatch):
@@ -126,7 +149,7 @@ def test_module_fits_the_aot_build():
     assert not absent and len(fams) == 1
     f = fams[0]
     assert f.name == family.FAMILY and "sm_90a" in f.archs
-    assert len(f.variants("smoke")) == 6 and len(f.variants("full")) == len(family.variants())
+    assert len(f.variants("smoke")) == 7 and len(f.variants("full")) == len(family.variants())
 
 
 def test_descriptor_implements_the_family_protocol():
@@ -169,7 +192,8 @@ def test_export_fits_the_torch_op_abi(tmp_path):
 
     preload_dsl_runtime()
     specs = [family.spec_for(family.route_config("single", "int32", 8, True)),
-             family.spec_for(family.finalize_config("bf16", "int64", 8, True))]
+             family.spec_for(family.finalize_config("bf16", "int64", 8, True)),
+             family.spec_for(family.pad_config(8, True))]
     meta = build.build_library(specs, "sm_90a", tmp_path / "routing.so")
     for k in meta["kernels"]:
         assert tuple((a["name"], a["kind"]) for a in k["abi"]["args"]) == GEMM_ARGS
@@ -324,7 +348,7 @@ def test_route_plan_skewed_and_empty():
 def test_route_plan_in_graph_capture():
     launch = _launch()
     ids = _random_ids(64, 8, 256, 0, torch.int32, seed=1)
-    assert len(launch.warm(256, ids.device)) == 19  # load the kernels first
+    assert len(launch.warm(256, ids.device)) == 21  # load the kernels first
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         plan = launch.prepare_routes_cute(ids, 256, 0, 64, zeroed=8)
@@ -413,3 +437,59 @@ def test_bad_inputs_are_named():
     with pytest.raises(TypeError, match="out"):
         launch.launch_finalize_cute(out.repeat(2, 1), torch.ones(4, 2, device=DEV), out, topk_ids=ids.int(),
                                     num_experts=8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens,top_k,hidden,ld", [(3, 8, 2880, 3072), (5, 2, 1000, 1024), (4, 6, 100, 128),
+                                                    (2, 4, 7, 64), (300, 8, 2048, 2056)])
+def test_finalize_reads_a_padded_ybuf_through_its_stride(monkeypatch, pdl, dtype, tokens, top_k, hidden, ld):
+    """A padded plan's ``y [R, Hp]``: the first ``H`` columns are combined, the padding (NaN here) never read;
+    bit-identical to the Triton finalize on the same buffer and to the CuTe one on a dense copy."""
+    monkeypatch.setenv("W4A16_MOE_PDL", pdl)
+    launch, fin = _launch(), _triton_finalize()
+    g = torch.Generator().manual_seed(tokens + ld)
+    ids = torch.randint(0, 12, (tokens, top_k), generator=g, dtype=torch.int32).to(DEV)
+    wide = torch.full((tokens * top_k, ld), float("nan"), dtype=dtype)
+    wide[:, :hidden] = torch.randn(tokens * top_k, hidden, generator=g).to(dtype)
+    wide = wide.to(DEV)
+    w = torch.rand(tokens, top_k, generator=g).to(DEV)
+    kw = dict(topk_ids=ids, num_experts=8, expert_offset=2)
+    out_t = torch.full((tokens, hidden), 5.0, dtype=dtype, device=DEV)
+    out_c = torch.full((tokens, hidden), -5.0, dtype=dtype, device=DEV)
+    out_d = torch.full((tokens, hidden), 7.0, dtype=dtype, device=DEV)
+    fin.launch_finalize(wide, w, out_t, **kw)
+    launch.launch_finalize_cute(wide, w, out_c, **kw)
+    launch.launch_finalize_cute(wide[:, :hidden].contiguous(), w, out_d, **kw)
+    torch.cuda.synchronize()
+    assert not out_c.isnan().any()
+    assert torch.equal(out_c.view(torch.int16), out_t.view(torch.int16))
+    assert torch.equal(out_c.view(torch.int16), out_d.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape,width", [((3, 2880), 3072), ((1, 1000), 1024), ((7, 96), 128), ((2, 5, 40), 64),
+                                         ((4, 7), 16), ((4097, 2048), 2056), ((2, 8), 8)])
+def test_pad_copy_matches_torch(monkeypatch, pdl, dtype, shape, width):
+    """Every element of the padded buffer written once: ``x``'s bits, then exact zeros (NaN and -0.0 kept)."""
+    monkeypatch.setenv("W4A16_MOE_PDL", pdl)
+    launch = _launch()
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(*shape, generator=g).to(dtype)
+    x.view(-1)[::13] = float("nan")
+    x.view(-1)[1::17] = -0.0
+    x = x.to(DEV)
+    _dirty()
+    got = launch.pad_copy_cute(x, width)
+    want = torch.nn.functional.pad(x, (0, width - shape[-1]))
+    torch.cuda.synchronize()
+    assert got.shape == (*shape[:-1], width) and got.dtype == dtype
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    # the unaligned (vec = 1) path: x starting 2 bytes into its storage
+    big = torch.empty(x.numel() + 1, dtype=dtype, device=DEV)
+    xu = big[1:].view(shape)
+    xu.copy_(x)
+    assert torch.equal(launch.pad_copy_cute(xu, width).view(torch.int16), want.view(torch.int16))

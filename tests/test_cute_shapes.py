@@ -122,6 +122,36 @@ def test_shards_not_multiples_of_64(monkeypatch, h, i, scheme, activation, bias,
         run_cute_moe(w, t, k, dtype=dtype, activation=activation, finalize=fin, tol=TOL, check_path=on_path, seed=t)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_padded_layers_launch_no_triton_kernel(monkeypatch, path):
+    """With the CuTe routing family (what a prebuilt wheel has), a padded plan's activation copy and its
+    deterministic finalize are CuTe kernels too: the Triton ones, patched to fail, are never called."""
+    import w4a16_moe.kernels.cute.pad_copy as triton_pad
+    import w4a16_moe.kernels.routing.finalize as triton_finalize
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a Triton kernel was launched")
+
+    monkeypatch.setenv("W4A16_MOE_ROUTING", "cute")
+    monkeypatch.setattr(triton_pad, "pad_copy", fail)
+    monkeypatch.setattr(triton_finalize, "launch_finalize", fail)
+    _set_path(monkeypatch, path)
+    w = random_weights("mxfp4", 8, 2880, 1440, dtype=torch.bfloat16, device="cuda", seed=3)
+    for t in ((2,) if path == "decode" else (3, 80)):
+
+        def padded(x, tw, ids):
+            d = select_provider(check_moe_call(x, w, tw, ids), "cute")
+            assert d.plan.pad and d.plan.pad[0] > 2880 and d.plan.family == path, d.plan.describe()
+
+        run_cute_moe(w, t, 4, tol=TOL, check_path=padded, seed=t)
+    if path == "sm90":  # the masked layout's plans (SM90 tiles)
+        x = torch.randn(8, 16, 2880, device="cuda").to(torch.bfloat16)
+        m = torch.tensor([0, 1, 16, 7, 9, 3, 2, 8], dtype=torch.int32, device="cuda")
+        out = wm.fused_moe_masked(x, w, m, backend="cute")
+        live = torch.arange(16, device="cuda")[None, :] < m[:, None]
+        assert nrmse(out[live], wm.reference_moe_masked(x, w, m)[live]) < TOL
+
+
 @pytest.mark.parametrize("h,i", [(2880, 2880), (2688, 1856), (2048, 96)])
 def test_masked_and_expert_routes_padded(monkeypatch, h, i):
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")

@@ -19,12 +19,13 @@ of the padded rows' and columns' bytes (at most one tile: ``Ip - I < 256``):
   up row ``j`` holds and a padded ``h`` column is ``act(0, 0) = 0`` (swiglu ``silu(0) * 0``, geglu
   ``gelu(0) * 0``, relu2 ``0``, silu ``0``);
 * ``x [T, H]`` is copied into a zero-padded ``[T, Hp]`` buffer when ``Hp > H`` (:func:`pad_cols`, one
-  launch: :mod:`.pad_copy`);
+  launch: the CuTe routing family's ``pad`` kernel where the provider prepares routes with that family, so a
+  prebuilt wheel compiles no Triton kernel for padded layers either; else :mod:`.pad_copy`);
   ``h [R, Ip]`` is internal (allocated padded; its padded columns are exact zeros by the above, and the
   down GEMM reads ``[0, Ip)``);
-* the down GEMM writes ``Hp`` columns: ``y [R, Hp]`` is read by the deterministic finalize through its row
-  stride (no copy), the fused path's FP32 buffer is ``[T, Hp]`` and its cast copies ``[:, :H]``; the decode
-  kernels and the masked layout write a padded buffer that is copied into ``out``.
+* the down GEMM writes ``Hp`` columns: ``y [R, Hp]`` is read by the deterministic finalize (CuTe or Triton)
+  through its row stride (no copy), the fused path's FP32 buffer is ``[T, Hp]`` and its cast copies
+  ``[:, :H]``; the decode kernels and the masked layout write a padded buffer that is copied into ``out``.
 
 An aligned layer (``Hp == H`` and ``Ip == I``) has no padding, no copies and the same plan as before.
 """
@@ -113,15 +114,17 @@ def pad_matrix(qm: QuantizedMatrix, n_pad: int, k_pad: int, halves: bool = False
                            None if zeros is None else zeros.contiguous(), gs)
 
 
-def pad_cols(t: torch.Tensor, width: int) -> torch.Tensor:
-    """``t [..., C]`` (contiguous) as a zero-padded ``[..., width]`` copy; ``t`` itself when ``C == width``."""
+def pad_cols(t: torch.Tensor, width: int, copy=None) -> torch.Tensor:
+    """``t [..., C]`` (contiguous) as a zero-padded ``[..., width]`` copy; ``t`` itself when ``C == width``. On the
+    GPU one launch of ``copy(t, width)``: the CuTe routing family's pad copy where the provider uses that family,
+    else (and by default) the Triton one (:mod:`.pad_copy`)."""
     c = t.shape[-1]
     if c == width:
         return t
     if t.is_cuda:
-        from .pad_copy import pad_copy
-
-        return pad_copy(t.contiguous(), width)  # one launch
+        if copy is None:
+            from .pad_copy import pad_copy as copy
+        return copy(t.contiguous(), width)  # one launch
     return torch.nn.functional.pad(t, (0, width - c))
 
 

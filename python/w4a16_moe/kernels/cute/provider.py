@@ -657,16 +657,17 @@ def _routing_prebuilt(arch: str, _prebuilt_env) -> bool:
 
 
 def _routing(arch: str, num_experts: int) -> tuple:
-    """``(prepare_routes, prepare_masked_routes, launch_finalize)`` of :func:`cute_routing`: the CuTe routing
-    family or the Triton kernels (same contract, bit-identical finalize)."""
+    """``(prepare_routes, prepare_masked_routes, launch_finalize, pad_copy)`` of :func:`cute_routing`: the CuTe
+    routing family or the Triton kernels (same contract, bit-identical finalize)."""
     if cute_routing(arch, num_experts):
         from .routing import launch as rl
 
-        return rl.prepare_routes_cute, rl.prepare_masked_routes_cute, rl.launch_finalize_cute
+        return rl.prepare_routes_cute, rl.prepare_masked_routes_cute, rl.launch_finalize_cute, rl.pad_copy_cute
     from ..routing.finalize import launch_finalize
     from ..routing.prepare import prepare_masked_routes, prepare_routes
+    from .pad_copy import pad_copy
 
-    return prepare_routes, prepare_masked_routes, launch_finalize
+    return prepare_routes, prepare_masked_routes, launch_finalize, pad_copy
 
 
 def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
@@ -687,7 +688,8 @@ def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     hbuf = torch.empty(r, ip, dtype=x.dtype, device=x.device)
     # (gate/up kernels never read topk_weights: with biases its slot carries the w13 bias table)
     tw_slot = _bias(weights, "w13", p.pad) if up.bias else topk_weights
-    _launch(family, p.arch, up, p13, pad_cols(x, hp), hbuf, routes, tw_slot, weights.num_experts, n13,
+    xp = pad_cols(x, hp, _routing(p.arch, weights.num_experts)[3])
+    _launch(family, p.arch, up, p13, xp, hbuf, routes, tw_slot, weights.num_experts, n13,
             hp, r, top_k, p.max_tiles, p.splits[0], p.grid_tiles)
     return family, hbuf, routes, p2
 
@@ -773,8 +775,9 @@ def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, o
     ws_up, cnt_up, ws_dn, cnt_dn = scratch or (topk_weights, ids, topk_weights, ids)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     obuf = padded_out(out, h)
+    xp = pad_cols(x, h, _routing(p.arch, weights.num_experts)[3])
     for cfg, packed, src, dst, n, k, splits, ws, cnt in (
-            (up, p13, pad_cols(x, h), hbuf, n13, h, p.splits[0], ws_up, cnt_up),
+            (up, p13, xp, hbuf, n13, h, p.splits[0], ws_up, cnt_up),
             (down, p2, hbuf, out if obuf is None else obuf, h, i, p.splits[1], ws_dn, cnt_dn)):
         # (decode ABI: ids in the sorted-routes slot and the unused routing slots; with biases the bias table
         # in the route_start slot)
@@ -809,11 +812,7 @@ def cute_fused_moe(x, weights, topk_weights, topk_ids, *, call, out, plan: Optio
         tw_slot = _bias(weights, "w2", p.pad) if down.bias else tw
         _launch(family, p.arch, down, p2, hbuf, y, routes, tw_slot, e, hp, ip, r, top_k, p.max_tiles, p.splits[1],
                 p.grid_tiles)
-        if hp == h:
-            finalize = _routing(p.arch, e)[2]
-        else:  # the CuTe finalize reads a dense [R, H] buffer; the Triton one reads y through its row stride
-            from ..routing.finalize import launch_finalize as finalize
-        finalize(y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
+        _routing(p.arch, e)[2](y, tw, out, topk_ids=ids, num_experts=e, expert_offset=call.expert_offset)
     else:
         acc = _fused_acc(weights, tw, ids, call.expert_offset, hp, p.pad)  # zeros, or the weighted w2 biases
         _launch(family, p.arch, down, p2, hbuf, acc, routes, tw, e, hp, ip, r, top_k, p.max_tiles, p.splits[1],
@@ -854,7 +853,7 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     routes = prepare_masked_routes(masked_m.contiguous(), cap, up.tokens_per_tile, dst, zeroed=p.counters)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     dummy_w = routes.route_start  # read only by the atomic epilogue (the slot carries the biases, if any)
-    _launch(family, p.arch, up, p13, pad_cols(x, hp).view(r, hp), hbuf, routes,
+    _launch(family, p.arch, up, p13, pad_cols(x, hp, _routing(p.arch, e)[3]).view(r, hp), hbuf, routes,
             _bias(weights, "w13", p.pad) if up.bias else dummy_w, e, n13, hp, r, 1, p.max_tiles, p.splits[0])
     _launch(family, p.arch, down, p2, hbuf, dst.view(r, hp), routes,
             _bias(weights, "w2", p.pad) if down.bias else dummy_w, e, hp, i, r, 1, p.max_tiles, p.splits[1])

@@ -12,12 +12,13 @@ __all__ = ["RoutingConfig", "MODES", "E_PADS", "FINALIZE_VECS", "ROUTE_MODES"]
 
 #: ``single``: the whole preparation in one CTA (up to SMALL_ROUTES routes); ``hist`` + ``place``: the
 #: two-kernel path over P CTAs; ``masked``: the masked (DeepEP low-latency) layout; ``finalize``: the
-#: deterministic top-k combine.
-MODES = ("single", "hist", "place", "masked", "finalize")
+#: deterministic top-k combine; ``pad``: the zero-padded copy of a padded plan's activations.
+MODES = ("single", "hist", "place", "masked", "finalize", "pad")
 ROUTE_MODES = ("single", "hist", "place")
 #: shared-memory table sizes of the route modes (entries; at least num_experts + 1)
 E_PADS = (64, 128, 256, 512, 1024)
-#: columns per thread of the finalize (8: 16-byte accesses, needs H % 8 == 0 and 16-byte aligned rows)
+#: columns per thread of the finalize and the pad copy (8: 16-byte accesses, needs row widths % 8 == 0 and 16-byte
+#: aligned rows)
 FINALIZE_VECS = (8, 1)
 
 
@@ -31,7 +32,7 @@ class RoutingConfig:
     e_pad: int = 256  # route modes: shared-memory table entries (>= num_experts + 1); hist row width
     dtype: str = "bf16"  # finalize: dtype of ybuf / out ("bf16" | "fp16")
     from_mask: bool = False  # finalize: validity from a uint8 mask [T, k] instead of the ids
-    vec: int = 8  # finalize: columns per thread
+    vec: int = 8  # finalize / pad: columns per thread
     warps: int = 8  # warps per CTA
     pdl: bool = True  # programmatic dependent launch (griddepcontrol; SM90 and later)
 
@@ -56,4 +57,6 @@ class RoutingConfig:
             return f"route_finalize_{self.dtype}_{src}_v{self.vec}_w{self.warps}{pdl}"
         if self.mode == "masked":
             return f"route_masked_w{self.warps}{pdl}"
+        if self.mode == "pad":
+            return f"pad_copy_v{self.vec}_w{self.warps}{pdl}"
         return f"route_{self.mode}_{self.ids}_e{self.e_pad}_w{self.warps}{pdl}"

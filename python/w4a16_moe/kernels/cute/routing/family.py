@@ -5,9 +5,10 @@ all fields of :class:`~.config.RoutingConfig`; the same specs feed JIT and AOT. 
 global loads / stores, shared-memory atomics and ``griddepcontrol`` (programmatic dependent launch), so
 they are built for SM90 and later (:data:`ARCHS`); a ``pdl=False`` spec also compiles for SM80-SM89.
 
-Which spec a call uses (:func:`route_config`, :func:`finalize_config`) depends only on host-side facts:
-the mode (from ``T * k`` and the layout), the ids dtype, the smallest :data:`~.config.E_PADS` entry above
-the local expert count, the output dtype, the finalize vector width (H and alignment) and PDL.
+Which spec a call uses (:func:`route_config`, :func:`finalize_config`, :func:`pad_config`) depends only on
+host-side facts: the mode (from ``T * k`` and the layout), the ids dtype, the smallest :data:`~.config.E_PADS`
+entry above the local expert count, the output dtype, the finalize / pad vector width (row widths and
+alignment) and PDL.
 
 Registered CuTe families live in :mod:`w4a16_moe.kernels.cute.registry` (one line each); until this module is
 listed there, :func:`ensure_registered` (run on import) makes the loader know the family. Build a prebuilt
@@ -27,7 +28,7 @@ from ....loader.spec import KernelSpec, config_codec
 from .config import E_PADS, FINALIZE_VECS, ROUTE_MODES, RoutingConfig
 
 __all__ = ["FAMILY", "ARCHS", "spec_for", "config_from_spec", "route_config", "masked_config",
-           "finalize_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY",
+           "finalize_config", "pad_config", "e_pad_for", "variants", "aot_variants", "WARPS", "REGISTRY_ENTRY",
            "ensure_registered", "SASS_EXPECT", "DESCRIPTOR", "RoutingFamily"]
 
 FAMILY = "w4a16_routing"
@@ -36,7 +37,7 @@ ARCHS = PDL_ARCHS
 #: instructions every kernel must contain (the AOT SASS check): none; local memory is still refused
 SASS_EXPECT = ()
 #: warps per CTA of each mode
-WARPS = {"single": 8, "hist": 8, "place": 8, "masked": 4, "finalize": 4}
+WARPS = {"single": 8, "hist": 8, "place": 8, "masked": 4, "finalize": 4, "pad": 4}
 #: ``(compile_fn, sources)`` of the family (the loader's registration; also :data:`DESCRIPTOR`)
 REGISTRY_ENTRY = (
     "w4a16_moe.kernels.cute.routing.family:_compile",
@@ -84,11 +85,16 @@ def finalize_config(dtype: str, source: str, vec: int, pdl: bool) -> RoutingConf
                          from_mask=source == "mask", vec=vec, warps=WARPS["finalize"], pdl=pdl)
 
 
+def pad_config(vec: int, pdl: bool) -> RoutingConfig:
+    """The zero-padded copy (``vec`` 8: both row widths multiples of 8, 16-byte aligned rows; else 1)."""
+    return RoutingConfig(mode="pad", vec=vec, warps=WARPS["pad"], pdl=pdl)
+
+
 def variants(pdl: Iterable[bool] = (True, False), e_pads: Iterable[int] = E_PADS,
              ids: Iterable[str] = ("int32", "int64"), dtypes: Iterable[str] = ("bf16", "fp16"),
              vecs: Iterable[int] = FINALIZE_VECS, modes: Optional[Iterable[str]] = None) -> list:
     """Every spec :mod:`.launch` can select (defaults: all of them), in a fixed order."""
-    modes = tuple(modes) if modes is not None else ("single", "hist", "place", "masked", "finalize")
+    modes = tuple(modes) if modes is not None else ("single", "hist", "place", "masked", "finalize", "pad")
     cfgs = []
     for p in pdl:
         for m in modes:
@@ -98,6 +104,8 @@ def variants(pdl: Iterable[bool] = (True, False), e_pads: Iterable[int] = E_PADS
                 cfgs.append(masked_config(p))
             elif m == "finalize":
                 cfgs += [finalize_config(d, s, v, p) for d in dtypes for s in (*ids, "mask") for v in vecs]
+            elif m == "pad":
+                cfgs += [pad_config(v, p) for v in vecs]
             else:
                 raise ValueError(f"modes: unknown mode {m!r}")
     out, seen = [], set()

@@ -21,7 +21,10 @@ updated with ``atom.shared.add`` (no global workspace besides ``hist`` of the tw
 * :class:`Finalize` (``finalize``, grid ``(T, cdiv(H, 32 * warps * vec))``): ``out[t] = sum_j w[t, j] *
   y[t*k + j]`` over the valid routes, ``j = 0 .. k-1``, in FP32, one ``cvt.rn`` at the end: the operations
   of the Triton finalize's PTX in its order (``j = 0``: ``valid ? fma.rn(w, y, 0) : 0``; then ``acc +
-  (valid ? w * y : 0)`` with ``mul.rn`` and ``add.rn``; an invalid route adds ``+0.0``).
+  (valid ? w * y : 0)`` with ``mul.rn`` and ``add.rn``; an invalid route adds ``+0.0``). ``y`` rows are read
+  through their stride ``ld >= H`` (a padded plan's down GEMM writes ``Hp`` columns).
+* :class:`PadCopy` (``pad``, grid ``(M, cdiv(W, 32 * warps * vec))``): ``out [M, W] = x [M, C]`` then zeros
+  (``W >= C``), every element of ``out`` written once: a padded plan's activation buffer in one launch.
 
 ``block_info`` rows are written as 16 bytes ``(expert, row_begin, row_end, 0)``.
 """
@@ -41,7 +44,7 @@ from ..common import ptx
 from ..common.ptx import half_to_f32
 from .config import RoutingConfig
 
-__all__ = ["RoutePrepSingle", "RouteHist", "RoutePlace", "MaskedRoutePrep", "Finalize", "kernel_class",
+__all__ = ["RoutePrepSingle", "RouteHist", "RoutePlace", "MaskedRoutePrep", "Finalize", "PadCopy", "kernel_class",
            "MASKED_ROWS"]
 
 #: rows of one expert handled by a CTA of the masked preparation
@@ -622,9 +625,10 @@ class Finalize(_Base):
     order, ``mul.rn`` + ``add.rn``, one RN cast at the end; an invalid route adds ``+0.0`` and its ``y`` row
     is never read).
 
-    Slots: ``(ids [T, k] int32|int64, ybuf [T*k, H], out [T, H], valid [T, k] uint8, -, -, topk_weights
-    [T, k] fp32, -, -; num_experts, H, -, T, top_k, expert_offset, -)``. Grid ``(T, cdiv(H, 32 * warps *
-    vec))``. Constraints: ``T >= 1``, ``H >= 1``, ``top_k >= 1``; ``vec == 8`` needs ``H % 8 == 0`` and
+    Slots: ``(ids [T, k] int32|int64, ybuf [T*k, ld], out [T, H], valid [T, k] uint8, -, -, topk_weights
+    [T, k] fp32, -, -; num_experts, H, ld, T, top_k, expert_offset, -)``: ``ybuf``'s rows are ``ld >= H``
+    elements apart (its first ``H`` columns are read). Grid ``(T, cdiv(H, 32 * warps * vec))``. Constraints:
+    ``T >= 1``, ``H >= 1``, ``top_k >= 1``, ``ld >= H``; ``vec == 8`` needs ``H % 8 == 0``, ``ld % 8 == 0`` and
     16-byte aligned ``ybuf`` / ``out``. Launched with PDL when ``pdl``: ``griddepcontrol.wait`` first.
     """
 
@@ -647,9 +651,9 @@ class Finalize(_Base):
                  num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
         # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
         ids, ybuf, valid = w, act, sorted_routes
-        hidden, tokens, expert_offset = n, num_routes, max_tiles
+        hidden, ld, tokens, expert_offset = n, k, num_routes, max_tiles
         cols = self.threads * self.V
-        self.kernel(ids, ybuf, out, valid, topk_weights, num_experts, hidden, top_k, expert_offset).launch(
+        self.kernel(ids, ybuf, out, valid, topk_weights, num_experts, hidden, ld, top_k, expert_offset).launch(
             grid=[tokens, (hidden + cols - 1) // cols, 1], block=[self.threads, 1, 1], stream=stream,
             use_pdl=self.pdl)
 
@@ -673,14 +677,14 @@ class Finalize(_Base):
         return ok
 
     @cute.jit
-    def _term(self, acc, ids, ybuf, valid, topk_weights, num_experts, hidden, expert_offset, route, col,
+    def _term(self, acc, ids, ybuf, valid, topk_weights, num_experts, ld, expert_offset, route, col,
               first: cutlass.Constexpr):
         """Add route ``route``'s term to ``acc`` (``first``: ``acc`` holds zeros; see the kernel)."""
         V = self.V
         ok = self._valid(ids.toint(), valid.toint(), route, num_experts, expert_offset)
         w = ptx.i32_as_f32(ld_b32(topk_weights.toint() + route * 4))
         if ok != 0:
-            src = ybuf.toint() + (route * Int64(hidden) + Int64(col)) * 2
+            src = ybuf.toint() + (route * Int64(ld) + Int64(col)) * 2
             ys = cute.make_rmem_tensor((V,), Float32)
             if const_expr(V == 8):
                 words = ld_v4(src)
@@ -701,7 +705,8 @@ class Finalize(_Base):
 
     @cute.kernel
     def kernel(self, ids: cute.Pointer, ybuf: cute.Pointer, out: cute.Pointer, valid: cute.Pointer,
-               topk_weights: cute.Pointer, num_experts: Int32, hidden: Int32, top_k: Int32, expert_offset: Int32):
+               topk_weights: cute.Pointer, num_experts: Int32, hidden: Int32, ld: Int32, top_k: Int32,
+               expert_offset: Int32):
         if const_expr(self.pdl):
             cute.arch.griddepcontrol_wait()  # the previous kernel's writes (ybuf) are visible once this returns
         V = self.V
@@ -714,10 +719,10 @@ class Finalize(_Base):
             # j = 0 peeled: Triton folds its zero-initialized accumulator into that term (``0 + where(v, w*y,
             # 0)`` becomes ``v ? fma.rn(w, y, 0) : 0``, which differs from ``(w*y) + 0`` when w*y underflows
             # to -0); the later terms are ``acc + (v ? w*y : 0)`` with a separate multiply and add
-            self._term(acc, ids, ybuf, valid, topk_weights, num_experts, hidden, expert_offset,
+            self._term(acc, ids, ybuf, valid, topk_weights, num_experts, ld, expert_offset,
                        Int64(t) * Int64(top_k), col, True)
             for j in cutlass.range(1, top_k, unroll=1):
-                self._term(acc, ids, ybuf, valid, topk_weights, num_experts, hidden, expert_offset,
+                self._term(acc, ids, ybuf, valid, topk_weights, num_experts, ld, expert_offset,
                            Int64(t) * Int64(top_k) + Int64(j), col, False)
             dst = out.toint() + (Int64(t) * Int64(hidden) + Int64(col)) * 2
             if const_expr(V == 8):
@@ -729,8 +734,55 @@ class Finalize(_Base):
                 st_b16(dst, cvt16(acc[0], self.is_bf16))
 
 
+class PadCopy(_Base):
+    """Zero-padded copy ``out [M, W] = [x [M, C] | 0]`` of 16-bit elements (any 16-bit dtype: bits are copied).
+
+    Slots: ``(x [M, C], -, out [M, W], -, -, -, -, -, -; -, W, C, M, -, -, -)``. Grid ``(M, cdiv(W, 32 * warps *
+    vec))``; thread columns ``[col, col + vec)``: copied below ``C``, zeros from ``C`` on. Constraints: ``M >= 1``,
+    ``W >= C >= 1``; ``vec == 8`` needs ``C % 8 == 0``, ``W % 8 == 0`` and 16-byte aligned ``x`` / ``out``.
+    Launched with PDL when ``pdl``: ``griddepcontrol.wait`` first (it may follow a kernel writing ``x``).
+    """
+
+    def __init__(self, cfg: RoutingConfig, arch: str = "sm_90a"):
+        super().__init__(cfg, arch)
+        self.V = cfg.vec
+
+    @cute.jit
+    def __call__(self, w: cute.Pointer, act: cute.Pointer, out: cute.Pointer, sorted_routes: cute.Pointer,
+                 route_start: cute.Pointer, block_start: cute.Pointer, topk_weights: cute.Pointer,
+                 ws: cute.Pointer, counters: cute.Pointer, num_experts: Int32, n: Int32, k: Int32,
+                 num_routes: Int32, top_k: Int32, max_tiles: Int32, num_splits: Int32, stream: cuda.CUstream):
+        # the family launch ABI (parameter names included: the torch op checks them); slots per the docstring
+        width, cols_in, rows = n, k, num_routes
+        cols = self.threads * self.V
+        self.kernel(w, out, width, cols_in).launch(grid=[rows, (width + cols - 1) // cols, 1],
+                                                   block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl)
+
+    @cute.kernel
+    def kernel(self, x: cute.Pointer, out: cute.Pointer, width: Int32, cols_in: Int32):
+        if const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()
+        tidx, _, _ = cute.arch.thread_idx()
+        r, cb, _ = cute.arch.block_idx()
+        col = (cb * self.threads + tidx) * self.V
+        if col < width:
+            dst = out.toint() + (Int64(r) * Int64(width) + Int64(col)) * 2
+            src = x.toint() + (Int64(r) * Int64(cols_in) + Int64(col)) * 2
+            if const_expr(self.V == 8):  # C % 8 == 0: a thread's 8 columns are all below C or all above
+                if col < cols_in:
+                    words = ld_v4(src)
+                    ptx.st_global_v4(dst, words[0], words[1], words[2], words[3])
+                else:
+                    ptx.st_global_v4(dst, Int32(0), Int32(0), Int32(0), Int32(0))
+            else:
+                if col < cols_in:
+                    st_b16(dst, ld_u16(src))
+                else:
+                    st_b16(dst, Int32(0))
+
+
 _CLASSES = {"single": RoutePrepSingle, "hist": RouteHist, "place": RoutePlace, "masked": MaskedRoutePrep,
-            "finalize": Finalize}
+            "finalize": Finalize, "pad": PadCopy}
 
 
 def kernel_class(mode: str):

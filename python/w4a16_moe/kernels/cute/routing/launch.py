@@ -20,7 +20,9 @@ num_splits)``; ``-`` = unused: any CUDA tensor of the device / 0)::
     masked    masked_m, -, out, sorted, route_start, block_start, -, zeroed, -
               E, H, block_m, cap, num_zero, -, -
     finalize  ids, ybuf, out, valid (uint8), -, -, topk_weights, -, -
-              E, H, -, T, top_k, expert_offset, -
+              E, H, ld (ybuf's row stride), T, top_k, expert_offset, -
+    pad       x, -, out, -, -, -, -, -, -
+              -, W (out's row width), C (x's), M (rows), -, -, -
 
 Differences from the Triton path that do not change the contract: ``block_info[:, 3]`` is written (0);
 the masked path zeroes ``zeroed`` inside its kernel instead of a memset; local expert counts are limited to
@@ -38,7 +40,7 @@ from .... import settings
 from . import family
 from .config import RoutingConfig
 
-__all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "SMALL_ROUTES", "configs_for",
+__all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "pad_copy_cute", "SMALL_ROUTES", "configs_for",
            "warm", "pdl_supported", "num_row_blocks"]
 
 #: routes up to which the single-CTA preparation is used; above it the two-kernel path (hist + place). H200,
@@ -218,7 +220,8 @@ def launch_finalize_cute(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: to
                          topk_ids: Optional[torch.Tensor] = None, num_experts: int = 0, expert_offset: int = 0,
                          valid: Optional[torch.Tensor] = None) -> None:
     """Combine ``ybuf [T*k, H]`` into ``out [T, H]`` (T >= 1): the contract of the Triton ``launch_finalize``
-    (bit-identical results: the same FP32 operations in the same order)."""
+    (bit-identical results: the same FP32 operations in the same order). ``ybuf`` may be wider than ``out`` (a
+    padded plan's row-major ``[T*k, Hp]`` buffer: its first ``H`` columns are read through its row stride)."""
     tokens, hidden = out.shape
     top_k = topk_weights.shape[1]
     dt = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(out.dtype)
@@ -230,9 +233,11 @@ def launch_finalize_cute(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: to
         raise TypeError(f"topk_weights: expected float32, got {topk_weights.dtype}")
     if tokens < 1 or hidden < 1 or top_k < 1:
         raise ValueError(f"out / topk_weights: need T >= 1, H >= 1, k >= 1, got T={tokens}, H={hidden}, k={top_k}")
-    if tuple(ybuf.shape) != (tokens * top_k, hidden):
-        raise ValueError(f"ybuf: expected shape {(tokens * top_k, hidden)}, got {tuple(ybuf.shape)}")
-    for name, t in (("ybuf", ybuf), ("topk_weights", topk_weights), ("out", out)):
+    if ybuf.dim() != 2 or ybuf.shape[0] != tokens * top_k or ybuf.shape[1] < hidden or ybuf.stride(1) != 1:
+        raise ValueError(f"ybuf: expected a row-major [{tokens * top_k}, >= {hidden}] tensor, got shape "
+                         f"{tuple(ybuf.shape)}, strides {tuple(ybuf.stride())}")
+    ld = ybuf.stride(0)
+    for name, t in (("topk_weights", topk_weights), ("out", out)):
         if not t.is_contiguous():
             raise ValueError(f"{name}: must be contiguous")
     if valid is not None:
@@ -244,11 +249,31 @@ def launch_finalize_cute(ybuf: torch.Tensor, topk_weights: torch.Tensor, out: to
         if topk_ids is None:
             raise ValueError("topk_ids / valid: one of them must be given")
         source, ids, mask = _ids_dtype(topk_ids), topk_ids.contiguous(), out
-    vec = 8 if hidden % 8 == 0 and ybuf.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0 else 1
+    vec = 8 if hidden % 8 == 0 and ld % 8 == 0 and ybuf.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0 else 1
     dev = out.device
     cfg = family.finalize_config(dt, source, vec, pdl_supported(dev))
     _run(cfg, dev, (ids, ybuf, out, mask, out, out, topk_weights, out, out),
-         (num_experts, hidden, 0, tokens, top_k, expert_offset, 0))
+         (num_experts, hidden, ld, tokens, top_k, expert_offset, 0))
+
+
+def pad_copy_cute(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x [..., C]`` (contiguous, a 16-bit dtype, on a CUDA GPU) as a new zero-padded ``[..., width]`` tensor
+    (``width >= C``), in one launch: the contract of :func:`w4a16_moe.kernels.cute.pad_copy.pad_copy`."""
+    c = x.shape[-1]
+    if x.element_size() != 2:
+        raise TypeError(f"x: expected a 16-bit dtype, got {x.dtype}")
+    if not x.is_contiguous():
+        raise ValueError("x: must be contiguous")
+    if c < 1 or width < c:
+        raise ValueError(f"width: expected >= x's last size {c} >= 1, got {width}")
+    y = torch.empty(*x.shape[:-1], width, dtype=x.dtype, device=x.device)
+    rows = x.numel() // c
+    if rows:
+        vec = 8 if c % 8 == 0 and width % 8 == 0 and x.data_ptr() % 16 == 0 and y.data_ptr() % 16 == 0 else 1
+        dev = x.device
+        _run(family.pad_config(vec, pdl_supported(dev)), dev, (x, y, y, y, y, y, y, y, y),
+             (0, width, c, rows, 0, 0, 0))
+    return y
 
 
 def configs_for(num_experts: int, device: torch.device, ids_dtypes=(torch.int32, torch.int64),
@@ -259,6 +284,7 @@ def configs_for(num_experts: int, device: torch.device, ids_dtypes=(torch.int32,
     cfgs = [family.route_config(m, i, num_experts, pdl) for i in ids for m in ("single", "hist", "place")]
     names = {torch.bfloat16: "bf16", torch.float16: "fp16"}
     cfgs += [family.finalize_config(names[d], s, v, pdl) for d in dtypes for s in (*ids, "mask") for v in (8, 1)]
+    cfgs += [family.pad_config(v, pdl) for v in (8, 1)]
     if masked:
         cfgs.append(family.masked_config(pdl))
     return cfgs
