@@ -42,10 +42,10 @@ fused finalize starts its FP32 accumulator from ``sum_j topk_weights[t, j] * w2_
 over the token's local routes (:func:`_fused_acc`) instead of zeros. A layer with one bias only reads a zero
 table for the other.
 
-Any ``H`` and ``I`` that are multiples of 8 and of the scheme's group (the weights' own rule) run: a plan whose tiles do not divide
-them runs the kernels on padded sizes ``Plan.pad = (Hp, Ip)`` (zero-padded weights packed once, x copied
-into a zero-padded buffer, outputs through padded buffers; :mod:`.padding`). Aligned layers run exactly as
-before (no padding, no copies). Kernels come from the
+Any ``H`` and ``I`` that are multiples of 8 and of the scheme's group (the weights' own rule) run: a plan whose
+tiles do not divide them runs the kernels on padded sizes ``Plan.pad = (Hp, Ip)`` (zero-padded weights packed
+once, x copied into a zero-padded buffer, outputs through padded buffers; :mod:`.padding`). Aligned layers run
+exactly as before (no padding, no copies). Kernels come from the
 loader (prebuilt, JIT cache, JIT).
 The first use of a kernel (module load, weight packing) must not happen inside CUDA-graph capture:
 call :func:`w4a16_moe.warmup` before capturing.

@@ -40,8 +40,8 @@ from .... import settings
 from . import family
 from .config import RoutingConfig
 
-__all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "pad_copy_cute", "SMALL_ROUTES", "configs_for",
-           "warm", "pdl_supported", "num_row_blocks"]
+__all__ = ["prepare_routes_cute", "prepare_masked_routes_cute", "launch_finalize_cute", "pad_copy_cute", "SMALL_ROUTES",
+           "configs_for", "warm", "pdl_supported", "num_row_blocks"]
 
 #: routes up to which the single-CTA preparation is used; above it the two-kernel path (hist + place). H200,
 #: 128-384 experts, top-8 (docs/perf/2026-12-01-row-streaming): one CTA is 1.0-1.4 us faster at 1024 routes,
