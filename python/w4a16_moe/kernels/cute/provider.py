@@ -670,11 +670,19 @@ def _routing(arch: str, num_experts: int) -> tuple:
     return prepare_routes, prepare_masked_routes, launch_finalize, pad_copy
 
 
+def _padded_x(p: Plan, x, width: int, num_experts: int):
+    """``x``, or (a padded plan) its zero-padded ``[..., width]`` copy by the pad copy of :func:`_routing`: one
+    launch; an aligned call asks nothing of the routing choice."""
+    if x.shape[-1] == width:
+        return x
+    from .padding import pad_cols
+
+    return pad_cols(x, width, _routing(p.arch, num_experts)[3])
+
+
 def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     """Route prep + gate/up GEMM of plan ``p``: ``(family, h [T*k, Ip], routes, packed w2)`` (x copied into
     a zero-padded ``[T, Hp]`` buffer when the plan pads H)."""
-    from .padding import pad_cols
-
     prepare_routes = _routing(p.arch, weights.num_experts)[0]
     tokens, top_k = ids.shape
     family = registry.get(p.family)
@@ -688,7 +696,7 @@ def _gate_up(p: Plan, x, weights, ids, topk_weights, *, expert_offset: int):
     hbuf = torch.empty(r, ip, dtype=x.dtype, device=x.device)
     # (gate/up kernels never read topk_weights: with biases its slot carries the w13 bias table)
     tw_slot = _bias(weights, "w13", p.pad) if up.bias else topk_weights
-    xp = pad_cols(x, hp, _routing(p.arch, weights.num_experts)[3])
+    xp = _padded_x(p, x, hp, weights.num_experts)
     _launch(family, p.arch, up, p13, xp, hbuf, routes, tw_slot, weights.num_experts, n13,
             hp, r, top_k, p.max_tiles, p.splits[0], p.grid_tiles)
     return family, hbuf, routes, p2
@@ -756,7 +764,7 @@ def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, o
     then the down kernel combining each token's routes in fixed order straight into ``out`` (padded plans:
     x in a zero-padded ``[T, Hp]`` copy, ``out`` through a ``[T, Hp]`` buffer). With a K split
     (``p.splits``) the kernels publish partials to the device's scratch (:func:`_decode_scratch`)."""
-    from .padding import pad_cols, padded_out
+    from .padding import padded_out
 
     family = registry.get(p.family)
     tokens, top_k = ids.shape
@@ -775,7 +783,7 @@ def _decode_moe(p: Plan, x, weights, topk_weights, ids, *, expert_offset: int, o
     ws_up, cnt_up, ws_dn, cnt_dn = scratch or (topk_weights, ids, topk_weights, ids)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     obuf = padded_out(out, h)
-    xp = pad_cols(x, h, _routing(p.arch, weights.num_experts)[3])
+    xp = _padded_x(p, x, h, weights.num_experts)
     for cfg, packed, src, dst, n, k, splits, ws, cnt in (
             (up, p13, xp, hbuf, n13, h, p.splits[0], ws_up, cnt_up),
             (down, p2, hbuf, out if obuf is None else obuf, h, i, p.splits[1], ws_dn, cnt_dn)):
@@ -834,7 +842,7 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     The same two grouped GEMMs as the routed path with ``top_k = 1`` and the flat rows ``e*cap + r``
     as routes (the down GEMM's ``y`` epilogue writes them in place); no finalize pass.
     """
-    from .padding import pad_cols, padded_out
+    from .padding import padded_out
 
     e, cap, h = x.shape
     if e == 0 or cap == 0:
@@ -853,7 +861,7 @@ def cute_fused_moe_masked(x, weights, masked_m, *, call, out, plan: Optional[Pla
     routes = prepare_masked_routes(masked_m.contiguous(), cap, up.tokens_per_tile, dst, zeroed=p.counters)
     hbuf = torch.empty(r, i, dtype=x.dtype, device=x.device)
     dummy_w = routes.route_start  # read only by the atomic epilogue (the slot carries the biases, if any)
-    _launch(family, p.arch, up, p13, pad_cols(x, hp, _routing(p.arch, e)[3]).view(r, hp), hbuf, routes,
+    _launch(family, p.arch, up, p13, _padded_x(p, x, hp, e).view(r, hp), hbuf, routes,
             _bias(weights, "w13", p.pad) if up.bias else dummy_w, e, n13, hp, r, 1, p.max_tiles, p.splits[0])
     _launch(family, p.arch, down, p2, hbuf, dst.view(r, hp), routes,
             _bias(weights, "w2", p.pad) if down.bias else dummy_w, e, hp, i, r, 1, p.max_tiles, p.splits[1])
