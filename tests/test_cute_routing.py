@@ -493,3 +493,30 @@ def test_pad_copy_matches_torch(monkeypatch, pdl, dtype, shape, width):
     xu = big[1:].view(shape)
     xu.copy_(x)
     assert torch.equal(launch.pad_copy_cute(xu, width).view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_combine_routes_on_the_cute_finalize(monkeypatch, dtype):
+    """``routes.combine_routes`` (the expert-parallel combine and the act-order path's) takes the CuTe finalize
+    where the CuTe routing family is in use, the Triton one otherwise: the same bits, NaN routes never read."""
+    import w4a16_moe.kernels.triton.moe as triton_moe
+    from w4a16_moe.routes import combine_routes
+
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(37, 6, 2880, generator=g).to(dtype)
+    valid = torch.rand(37, 6, generator=g) > 0.3
+    y[~valid] = float("nan")
+    tw = torch.rand(37, 6, generator=g)
+    y, valid, tw = y.to(DEV), valid.to(DEV), tw.to(DEV)
+    monkeypatch.setenv("W4A16_MOE_ROUTING", "triton")
+    want = combine_routes(y, tw, valid, dtype)
+    monkeypatch.setenv("W4A16_MOE_ROUTING", "cute")
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the Triton combine was called")
+
+    monkeypatch.setattr(triton_moe, "triton_combine_routes", fail)
+    got = combine_routes(y, tw, valid, dtype)
+    assert not got.isnan().any() and torch.equal(got.view(torch.int16), want.view(torch.int16))
+    assert combine_routes(y[:0], tw[:0], valid[:0], dtype).shape == (0, 2880)

@@ -48,14 +48,34 @@ def _permuted_expert_routes(x, weights: MoEWeights, local_ids, activation, backe
 
 def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor, dtype: torch.dtype, *,
                    backend: str = "auto") -> torch.Tensor:
-    """``sum_j topk_weights[:, j] * y[:, j]`` over valid routes, FP32 in fixed top-k order, cast to ``dtype``."""
+    """``sum_j topk_weights[:, j] * y[:, j]`` over valid routes, FP32 in fixed top-k order, cast to ``dtype``.
+
+    GPU routes (16-bit ``y``) are combined by the deterministic finalize of the route preparation in use: the CuTe
+    routing family's where the CuTe provider uses it on this device (every kernel of it prebuilt for the arch, or
+    ``W4A16_MOE_ROUTING=cute``; not with ``backend="triton"``), else the Triton one. Both give the same bits."""
     if y.dtype == torch.float32:  # reference routes
         from .reference import combine_routes as ref_combine
 
         return ref_combine(y, topk_weights, valid).to(dtype)
+    if y.is_cuda and resolve_backend(backend) != "triton" and _cute_finalize_in_use(y.device):
+        from .kernels.cute.routing.launch import launch_finalize_cute
+
+        tokens, _, hidden = y.shape
+        out = torch.empty(tokens, hidden, dtype=y.dtype, device=y.device)
+        if tokens:
+            launch_finalize_cute(y.contiguous().view(-1, hidden), topk_weights.float().contiguous(), out,
+                                 valid=valid.to(torch.bool).contiguous())
+        return out
     from .kernels.triton.moe import triton_combine_routes
 
     return triton_combine_routes(y, topk_weights, valid)
+
+
+def _cute_finalize_in_use(device: torch.device) -> bool:
+    from .kernels.cute.provider import cute_routing
+    from .archs import arch_of_capability
+
+    return cute_routing(arch_of_capability(*torch.cuda.get_device_capability(device)), 0)
 
 
 def weighted_partial(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, local_ids: torch.Tensor, *,
