@@ -65,8 +65,7 @@ def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Ten
         from .kernels.cute.provider import finalize_launcher
 
         launch = finalize_launcher(arch_of_capability(*torch.cuda.get_device_capability(y.device)))
-    out = triton_combine_routes(y, topk_weights, valid, launch=launch)  # y's dtype
-    return out if out.dtype == dtype else out.to(dtype)
+    return triton_combine_routes(y, topk_weights, valid, launch=launch).to(dtype)  # written in y's dtype
 
 
 def weighted_partial(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, local_ids: torch.Tensor, *,
