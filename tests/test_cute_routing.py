@@ -514,9 +514,12 @@ def test_combine_routes_on_the_cute_finalize(monkeypatch, dtype):
     monkeypatch.setenv("W4A16_MOE_ROUTING", "cute")
 
     def fail(*args, **kwargs):
-        raise AssertionError("the Triton combine was called")
+        raise AssertionError("the Triton finalize was launched")
 
-    monkeypatch.setattr(triton_moe, "triton_combine_routes", fail)
+    import w4a16_moe.kernels.routing.finalize as triton_finalize
+
+    monkeypatch.setattr(triton_moe, "launch_finalize", fail)
+    monkeypatch.setattr(triton_finalize, "launch_finalize", fail)
     got = combine_routes(y, tw, valid, dtype)
     assert not got.isnan().any() and torch.equal(got.view(torch.int16), want.view(torch.int16))
     assert combine_routes(y[:0], tw[:0], valid[:0], dtype).shape == (0, 2880)

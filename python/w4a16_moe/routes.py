@@ -57,25 +57,15 @@ def combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Ten
         from .reference import combine_routes as ref_combine
 
         return ref_combine(y, topk_weights, valid).to(dtype)
-    if y.is_cuda and resolve_backend(backend) != "triton" and _cute_finalize_in_use(y.device):
-        from .kernels.cute.routing.launch import launch_finalize_cute
-
-        tokens, _, hidden = y.shape
-        out = torch.empty(tokens, hidden, dtype=y.dtype, device=y.device)
-        if tokens:
-            launch_finalize_cute(y.contiguous().view(-1, hidden), topk_weights.float().contiguous(), out,
-                                 valid=valid.to(torch.bool).contiguous())
-        return out
     from .kernels.triton.moe import triton_combine_routes
 
-    return triton_combine_routes(y, topk_weights, valid)
+    launch = None
+    if y.is_cuda and resolve_backend(backend) != "triton":
+        from .archs import arch_of_capability
+        from .kernels.cute.provider import finalize_launcher
 
-
-def _cute_finalize_in_use(device: torch.device) -> bool:
-    from .kernels.cute.provider import cute_routing
-    from .archs import arch_of_capability
-
-    return cute_routing(arch_of_capability(*torch.cuda.get_device_capability(device)), 0)
+        launch = finalize_launcher(arch_of_capability(*torch.cuda.get_device_capability(y.device)))
+    return triton_combine_routes(y, topk_weights, valid, launch=launch).to(dtype)  # written in y's dtype
 
 
 def weighted_partial(x: torch.Tensor, weights: MoEWeights, topk_weights: torch.Tensor, local_ids: torch.Tensor, *,

@@ -670,6 +670,12 @@ def _routing(arch: str, num_experts: int) -> tuple:
     return prepare_routes, prepare_masked_routes, launch_finalize, pad_copy
 
 
+def finalize_launcher(arch: str):
+    """The deterministic finalize launcher (validity from ids or a mask) of the route preparation in use on ``arch``
+    (:func:`_routing`): the CuTe routing family's or the Triton one; ``routes.combine_routes`` combines with it."""
+    return _routing(arch, 0)[2]
+
+
 def _padded_x(p: Plan, x, width: int, num_experts: int):
     """``x``, or (a padded plan) its zero-padded ``[..., width]`` copy by the pad copy of :func:`_routing`: one
     launch; an aligned call asks nothing of the routing choice."""

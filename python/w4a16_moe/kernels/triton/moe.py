@@ -149,16 +149,18 @@ def triton_expert_routes(x: torch.Tensor, weights: MoEWeights, local_ids: torch.
     return y, valid
 
 
-def triton_combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def triton_combine_routes(y: torch.Tensor, topk_weights: torch.Tensor, valid: torch.Tensor, *,
+                          launch=None) -> torch.Tensor:
     """Second half: ``out [T, H] = sum_j topk_weights[:, j] * y[:, j]`` over ``valid`` routes, FP32 in fixed
     j order, one cast to ``y``'s dtype (the finalize kernel of :func:`triton_fused_moe`). Invalid entries
-    of ``y [T, k, H]`` are never read."""
+    of ``y [T, k, H]`` are never read. ``launch``: a finalize launcher of the same contract in place of the
+    Triton one (the CuTe routing family's, :func:`w4a16_moe.kernels.cute.provider.finalize_launcher`)."""
     tokens, _, hidden = y.shape
     out = torch.empty(tokens, hidden, dtype=y.dtype, device=y.device)
     if tokens == 0:
         return out
-    launch_finalize(y.contiguous().view(-1, hidden), topk_weights.float().contiguous(), out,
-                    valid=valid.to(torch.bool).contiguous())
+    (launch or launch_finalize)(y.contiguous().view(-1, hidden), topk_weights.float().contiguous(), out,
+                                valid=valid.to(torch.bool).contiguous())
     return out
 
 
