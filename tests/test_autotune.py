@@ -469,3 +469,17 @@ def test_tuning_budget_leaves_the_reserve():
     assert tuning_budget(60.0, 2.0) == pytest.approx(60.0 - 2.0 - WARMUP_RESERVE_S)
     assert tuning_budget(60.0, 0.0) + WARMUP_RESERVE_S <= 60.0
     assert tuning_budget(4.0, 1.0) == pytest.approx(1.0)  # smaller than the reserve: a quarter of it
+
+
+@pytest.mark.parametrize("intermediate,k64", [(256, False), (192, True)])
+def test_candidates_take_the_warp_k64_twins_where_they_pad_less(intermediate, k64):
+    """The warp TN 8 / 16 candidates at K tile 64 on a layer the K tile of 128 pads (``I = 192``), else at 128:
+    one warp layout per layer, as the cost model chooses (sm90.family.k_tile_ok)."""
+    from w4a16_moe.kernels.cute.warp import family as warp
+
+    call = _call(64, intermediate=intermediate)
+    warp_names = {c.candidate for c in autotune.candidates(call, H200, status=lambda spec, arch: ("prebuilt", ""))
+                  if c.family == "warp"}
+    for t in warp.K64_TILES:
+        assert (candidate_name(t) in warp_names) is k64
+        assert (candidate_name(warp.k128_twin(t)) in warp_names) is not k64

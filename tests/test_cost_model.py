@@ -63,9 +63,8 @@ def _rows(path):
 
 
 def test_every_model_candidate_has_an_entry_with_non_negative_coefficients():
-    entries = cost_model.model()["entries"]
     for f, t in fam.model_candidates():
-        e = entries[f"{f} {candidate_name(t)}"]
+        e = cost_model.entry(f"{f} {candidate_name(t)}")
         assert e["tokens_per_tile"] == t["tokens_per_tile"]
         for g in (e["up"], e["down"]):
             assert g["slots"] > 0 and g["rows"] > 0 and min(g["a"], g["b"], g["c"]) >= 0 and g["b"] > 0
@@ -100,6 +99,8 @@ def test_the_warp_model_tiles_are_int4_candidates_beside_the_buckets():
     (t24,) = warp.MODEL_TILES
     assert t24 not in buckets and t24["tokens_per_tile"] == 24
     assert warp.model_tiles("int4_g128") == buckets + [t24] and warp.model_tiles("mxfp4") == buckets
+    k64 = [dict(t) for t in warp.K64_TILES]
+    assert warp.model_tiles("int4_g32") == warp.model_tiles("int4_channel") == buckets + [t24] + k64
     # the bucket rule (the warp family as the base family: sm_80 .. sm_120) never picks it
     assert all(warp.select_tiles(r * 64, 64) in buckets for r in (1, 12, 20, 24, 28, 200))
     assert ("warp", t24) in [(f, dict(t)) for f, t in fam.model_candidates()]
@@ -158,6 +159,64 @@ def test_the_withdrawn_six_stage_ping_pong_tile_is_never_selected():
     for e, h, i, k in ((256, 7168, 256, 8), (384, 7168, 256, 8), (384, 7168, 128, 8), (512, 4096, 128, 10)):
         for tokens in (1024, 2048, 4096, 8192):  # where the model picked it
             assert fam.model_choice(tokens * k, e, h, i, True, k)[1] != t79
+
+
+def test_each_choice_is_priced_at_the_sizes_its_kernels_run():
+    """A layer the tiles do not divide runs zero-padded, each choice at its own padded sizes (``I = 320``: the warp
+    family's K tile of 128 streams 384, the SM90 TN 16 tile's K tile of 64 streams 320): the model prices each choice
+    there, and an aligned layer is priced at its own sizes."""
+    cands = [(f, t) for f, t in fam.model_candidates() if fam.in_model_domain(f, t, 2048)]
+    assert all(fam.run_sizes(f, t, 7168, 2048) == (7168, 2048) for f, t in cands)
+    warp_t8 = dict(wfam.TILES[0][1])
+    sm90_t16 = next(dict(t) for _, t in fam.TILES if t["tokens_per_tile"] == 16)
+    assert fam.run_sizes("warp", warp_t8, 6144, 320, True, "int4_g32") == (6144, 384)
+    assert fam.run_sizes("sm90", sm90_t16, 6144, 320, True, "int4_g32") == (6144, 320)
+    for f, t in cands:
+        hp, ip = fam.run_sizes(f, t, 5120, 192, True, "int4_g32")
+        assert hp >= 5120 and ip >= 192 and ip - 192 < 256 and hp % 64 == 0 and ip % 64 == 0
+    for e, h, i, k, tokens in ((160, 6144, 320, 8, 64), (160, 5120, 192, 8, 2048), (128, 2048, 96, 8, 2048),
+                               (384, 7168, 256, 8, 64)):
+        f, t, us = fam.model_choice(tokens * k, e, h, i, True, k, None, 132, "int4_g32")
+        hp, ip = fam.run_sizes(f, t, h, i, True, "int4_g32")
+        name = f"{f} {candidate_name(t)}"
+        assert us == pytest.approx(cost_model.predict_us(name, tokens * k, e, hp, ip, True, k, None, 132))
+        if (hp, ip) != (h, i):  # priced above its aligned price: the padded weights are streamed
+            assert us > cost_model.predict_us(name, tokens * k, e, h, i, True, k, None, 132)
+
+
+def test_the_k64_twins_are_priced_with_their_buckets_entries():
+    """The warp K-tile-64 TN 8 / 16 tiles have no fit of their own: their K-128 bucket's entry, the down GEMM
+    streaming with K tile 64."""
+    for t in wfam.K64_TILES:
+        name, twin = f"warp {candidate_name(t)}", f"warp {candidate_name(wfam.k128_twin(t))}"
+        assert cost_model.TWINS[name] == (twin, 64) and name not in cost_model.model()["entries"]
+        e, te = cost_model.entry(name), cost_model.entry(twin)
+        assert e["up"] == te["up"] and e["down"]["stream"] == dict(te["down"]["stream"], k_tile=64)
+        assert te["down"]["stream"]["k_tile"] == 128  # the shipped entry is not changed
+    assert set(cost_model.TWINS) == {f"warp {candidate_name(t)}" for t in wfam.K64_TILES}
+
+
+@pytest.mark.parametrize("h,i,scheme,k64", [(5120, 192, "int4_g32", True), (6144, 320, "int4_g64_zp", True),
+                                             (6144, 160, "int4_channel", True), (4096, 256, "int4_g32", False),
+                                             (2048, 96, "int4_g32", False), (4096, 384, "int4_g128", False),
+                                             (5120, 192, "int4_g64", True)])
+def test_the_warp_tn8_tn16_take_k_tile_64_where_it_pads_less(h, i, scheme, k64):
+    """Gated layers of ``I % 128`` in ``(0, 64]``: the K-tile-64 twins instead of their K-128 buckets (one warp
+    layout for the two), elsewhere the buckets; the cost model, the autotuner's candidates and the plan agree."""
+    for t in wfam.K64_TILES:
+        twin = wfam.k128_twin(t)
+        assert fam.k_tile_ok("warp", t, h, i, True, scheme) is k64
+        assert fam.k_tile_ok("warp", twin, h, i, True, scheme) is not k64
+        assert fam.k_tile_ok("warp", t, h, i, False, scheme) is False  # non-gated: 128 up rows pad I the same
+        assert fam.k_tile_ok("sm90", t, h, i, True, scheme) is True
+    assert fam.k_tile_ok("warp", wfam.MODEL_TILES[0], h, i, True, scheme)  # TN 24: no twin
+    picks = set()
+    for tokens in (8, 64, 256):
+        f, t, _ = fam.model_choice(tokens * 8, 160, h, i, True, 8, None, 132, scheme)
+        picks.add((f, t["tokens_per_tile"], t["k_tile"]))
+        if f == "warp" and t["tokens_per_tile"] in (8, 16):
+            assert t["k_tile"] == (64 if k64 else 128)
+    assert any(f == "warp" and tn in (8, 16) for f, tn, _ in picks)
 
 
 def test_a_missing_model_falls_back_to_the_rule(monkeypatch, tmp_path):

@@ -122,6 +122,28 @@ def test_shards_not_multiples_of_64(monkeypatch, h, i, scheme, activation, bias,
         run_cute_moe(w, t, k, dtype=dtype, activation=activation, finalize=fin, tol=TOL, check_path=on_path, seed=t)
 
 
+#: (H, I, scheme, tokens): gated layers of ``I % 128 == 64``, where the cost model's warp TN 8 / 16 tiles take K tile 64
+#: and run the layer unpadded (warp.family.K64_TILES; 64 experts, top-8)
+K64_LAYERS = [(2048, 192, "int4_g32", 4), (2048, 192, "int4_g32", 16), (2048, 192, "int4_g32", 64),
+              (2048, 320, "int4_g64_zp", 16)]
+
+
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+@pytest.mark.parametrize("h,i,scheme,t", K64_LAYERS)
+def test_warp_k64_twins_run_unpadded(monkeypatch, h, i, scheme, t, finalize):
+    monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "0")
+    monkeypatch.delenv("W4A16_MOE_CUTE_FAMILY", raising=False)
+    w = random_weights(scheme, 64, h, i, device="cuda", seed=h + i)
+
+    def on_path(x, tw, ids):
+        d = select_provider(check_moe_call(x, w, tw, ids, finalize=finalize), "cute")
+        p = d.plan
+        assert p.family == "warp" and not p.pad and [c.k_tile for c in p.configs] == [64, 64], p.describe()
+        assert p.configs[0].tokens_per_tile in (8, 16), p.describe()
+
+    run_cute_moe(w, t, 8, finalize=finalize, tol=TOL, check_path=on_path, seed=t)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_padded_layers_launch_no_triton_kernel(monkeypatch, path):
     """With the CuTe routing family (what a prebuilt wheel has), a padded plan's activation copy and its

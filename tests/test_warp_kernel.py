@@ -77,6 +77,9 @@ _T24 = {f"t{t['tokens_per_tile']}": t for t in fam.model_tiles()}["t24"]
 OCC_BUCKETS = {f"t{t['tokens_per_tile']}occ{sfx}": dict(t, occupancy=True, **extra)
                for t in (BUCKETS["t16"], _T24, BUCKETS["t32"])
                for sfx, extra in (("", {}), ("pdl", {"pdl": True}), ("tl", {"tile_loop": True}))}
+#: the K-tile-64 twins of TN 8 / 16 (family.K64_TILES), on the schemes they are built for
+K64_BUCKETS = {f"t{t['tokens_per_tile']}k64": dict(t) for t in fam.K64_TILES}
+K64_SCHEMES = ["int4_g32", "int4_g64_zp", "int4_channel"]
 TOKENS = [0, 1, 7, 8, 9, 33, 300]
 
 # parametrization tables (also the source of needed_specs())
@@ -90,7 +93,7 @@ def _cfgs(scheme: str, dtype: str, activation: str, bucket: str):
     """(gate_up, down y, down atomic_f32) configs."""
     sch = get_scheme(scheme)
     gated = get_activation(activation).gated
-    tiles = {**BUCKETS, **PDL_BUCKETS, **OCC_BUCKETS, **OCC_PLAIN}[bucket]
+    tiles = {**BUCKETS, **PDL_BUCKETS, **OCC_BUCKETS, **OCC_PLAIN, **K64_BUCKETS}[bucket]
     up, down_y = fam.gemm_configs(sch, dtype, activation, gated, "deterministic", tiles)
     _, down_a = fam.gemm_configs(sch, dtype, activation, gated, "fused", tiles)
     return {"gate_up": up, "down_y": down_y, "down_atomic": down_a}
@@ -114,6 +117,9 @@ def needed_specs() -> list:
         cfgs += _cfgs("int4_g32", "bf16", "swiglu", b).values()
     for b in list(OCC_BUCKETS) + list(OCC_PLAIN):
         for scheme in OCC_SCHEMES:
+            cfgs += _cfgs(scheme, "bf16", "swiglu", b).values()
+    for b in K64_BUCKETS:
+        for scheme in K64_SCHEMES:
             cfgs += _cfgs(scheme, "bf16", "swiglu", b).values()
     out, seen = [], set()
     for s in [fam.spec_for(c) for c in cfgs] + stream_specs():
@@ -391,6 +397,14 @@ def test_activations(activation, dtype, bucket, t):
     _run_case("int4_g32", dtype, activation, bucket, "gate_up", t, seed=t)
 
 
+@pytest.mark.parametrize("t", [1, 33, 300])
+@pytest.mark.parametrize("gemm", GEMMS)
+@pytest.mark.parametrize("scheme", K64_SCHEMES)
+@pytest.mark.parametrize("bucket", list(K64_BUCKETS))
+def test_k64_twins(bucket, scheme, gemm, t):
+    _run_case(scheme, "bf16", "swiglu", bucket, gemm, t, case="ep_invalid" if t == 33 else "random", seed=t)
+
+
 @pytest.mark.parametrize("t", TOKENS)
 @pytest.mark.parametrize("gemm", GEMMS)
 @pytest.mark.parametrize("bucket", list(BUCKETS))
@@ -479,7 +493,7 @@ STREAM_CASES = [
     ("down_y", "int4_g128", "t16occ", False, 2944, 256, 1000),
     ("down_atomic", "int4_g32", "t24occ", False, 5888, 256, 1000),
 ]
-_STREAM_TILES = {f"t{t['tokens_per_tile']}": t for t in fam.model_tiles()}
+_STREAM_TILES = {f"t{t['tokens_per_tile']}": t for t in fam.model_tiles() if t not in fam.K64_TILES}
 _STREAM_TILES.update({k + "occ": dict(t, occupancy=True) for k, t in _STREAM_TILES.items() if k in ("t16", "t24")})
 
 

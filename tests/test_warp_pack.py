@@ -338,9 +338,9 @@ def test_config_names_unique_and_complete():
 
 def test_variant_sets():
     smoke = fam.aot_variants("smoke")
-    # 2 INT4 schemes x (buckets + the cost model's TN 24 tile) x (gate_up, down y, down atomic) x (launched plain,
-    # with PDL, or looping over its tiles)
-    assert len(smoke) == 2 * (len(fam.TILES) + len(fam.MODEL_TILES)) * 3 * 3
+    # (2 INT4 schemes x (buckets + the cost model's TN 24 tile) + int4_g32's K-tile-64 twins) x (gate_up, down y,
+    # down atomic) x (launched plain, with PDL, or looping over its tiles)
+    assert len(smoke) == (2 * (len(fam.TILES) + len(fam.MODEL_TILES)) + len(fam.K64_TILES)) * 3 * 3
     assert sum(fam.config_from_spec(s).pdl for s in smoke) == len(smoke) // 3
     assert not any(fam.config_from_spec(s).pdl and fam.config_from_spec(s).tile_loop for s in smoke)
     full = fam.aot_variants("full")
@@ -348,6 +348,10 @@ def test_variant_sets():
     kinds = {fam.config_from_spec(s).kind for s in full}
     assert kinds == {"int4", "nvfp4", "mxfp4"}
     assert {fam.config_from_spec(s).kind for s in full if fam.config_from_spec(s).tokens_per_tile == 24} == {"int4"}
+    # the K-tile-64 twins of TN 8 / 16: INT4 of groups <= 64 and per channel (group 0), never FP4 or groups of 128
+    k64 = [fam.config_from_spec(s) for s in full
+           if fam.config_from_spec(s).k_tile == 64 and fam.config_from_spec(s).tokens_per_tile in (8, 16)]
+    assert {(c.kind, c.group) for c in k64} == {("int4", 0), ("int4", 32), ("int4", 64)}
     with pytest.raises(ValueError):
         fam.aot_variants("nope")
 

@@ -183,7 +183,9 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
         tiles = [rule] + [t for t in sm90.selectable_tiles(call.scheme) if t != rule]
         grouped += [("sm90", candidate_name(t)) for t in tiles]
     if base.name == "warp" or (base.name == "sm90" and s.cute_family == "auto"):
-        grouped += [("warp", candidate_name(t)) for t in warp.model_tiles(call.scheme)]
+        gated = call.activation.gated
+        grouped += [("warp", candidate_name(t)) for t in warp.model_tiles(call.scheme)
+                    if sm90.k_tile_ok("warp", t, call.hidden, call.intermediate, gated, call.scheme)]
     out += [Choice(f, c, sp) for f, c in grouped for sp in SPLITS]
     seen, kept = set(), []
     ok = {} if memo is None else memo

@@ -33,7 +33,7 @@ from typing import Iterable, Optional
 
 from . import tiles as tiles_rule
 
-__all__ = ["MODEL_PATH", "model", "features", "row_blocks", "gemm_us", "predict_us", "best"]
+__all__ = ["MODEL_PATH", "model", "TWINS", "entry", "features", "row_blocks", "gemm_us", "predict_us", "best"]
 
 MODEL_PATH = os.path.join(os.path.dirname(__file__), "cost_model.json")
 #: the SM count the model's slots were fitted at (the H100 and the H200 both have 132)
@@ -53,6 +53,29 @@ def model(path: str = MODEL_PATH) -> dict:
     if not isinstance(data.get("entries"), dict):
         raise ValueError(f"{path}: 'entries' must be an object")
     return data
+
+
+#: choices priced with another choice's fitted entry, its down GEMM streaming with their own K tile
+#: (``{name: (twin's name, down k_tile)}``): the warp family's K-tile-64 TN 8 / 16 tiles (``warp.family.K64_TILES``),
+#: which stream at least at their K-128 twins' rate at the sizes they run (H100, docs/perf/2026-12-07-k64: both
+#: GEMMs' kernel time over the H200-fitted prediction, geometric mean of 24 unsplit launches each, 1.30 for the K-64
+#: tiles at their own sizes, 1.39 for their twins at the padded sizes they run)
+TWINS = {"warp t8_k64_s4_w4_m2": ("warp t8_k128_s4_w4_m2", 64), "warp t16_k64_s4_w4_m2": ("warp t16_k128_s4_w4_m2", 64)}
+
+
+def entry(name: str) -> Optional[dict]:
+    """The model's entry of choice ``name``: its own, else its :data:`TWINS` entry's, else None."""
+    entries = model()["entries"]
+    if name in entries or name not in TWINS:
+        return entries.get(name)
+    twin, k_tile = TWINS[name]
+    e = entries.get(twin)
+    if e is None:
+        return None
+    down = dict(e["down"])
+    if down.get("stream"):
+        down["stream"] = dict(down["stream"], k_tile=k_tile)
+    return dict(e, down=down)
 
 
 def features(rows: int, tn: int, n: int, k: int, tiles: float, slots: int, rbc: int = 1) -> tuple:
@@ -96,7 +119,7 @@ def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, interm
     """Predicted microseconds of both GEMMs of choice ``name`` (``"<family> <candidate name>"``) on a call (for
     the SM90 entries: what they add to the call beside routing and finalize), or None when the model has no entry
     for it."""
-    e = model()["entries"].get(name)
+    e = entry(name)
     if e is None:
         return None
     tn = e["tokens_per_tile"]
@@ -110,9 +133,13 @@ def predict_us(name: str, num_routes: int, num_experts: int, hidden: int, interm
 
 def best(names: Iterable[str], num_routes: int, num_experts: int, hidden: int, intermediate: int,
          gated: bool = True, top_k: Optional[int] = None, global_experts: Optional[int] = None,
-         sm_count: int = FIT_SM_COUNT) -> Optional[tuple]:
-    """``(name, predicted us)`` of the fastest of ``names`` the model knows, or None when it knows none."""
-    scored = [(predict_us(n, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts, sm_count), n)
+         sm_count: int = FIT_SM_COUNT, sizes: Optional[dict] = None) -> Optional[tuple]:
+    """``(name, predicted us)`` of the fastest of ``names`` the model knows, or None when it knows none.
+    ``sizes``: ``{name: (Hp, Ip)}``, the padded sizes a choice runs the layer at (a padded layer streams its padded
+    weights; default: ``(hidden, intermediate)``)."""
+    sizes = sizes or {}
+    scored = [(predict_us(n, num_routes, num_experts, *sizes.get(n, (hidden, intermediate)), gated, top_k,
+                          global_experts, sm_count), n)
               for n in names]
     scored = [(t, n) for t, n in scored if t is not None]
     if not scored:

@@ -553,18 +553,57 @@ def in_model_domain(family: str, tiles: dict, intermediate: int, gated: bool = T
     return -(-intermediate // down.k_tile) <= (down.b_slots or down.stages)
 
 
+def k_tile_ok(family: str, tiles: dict, hidden: int, intermediate: int, gated: bool = True, scheme=None) -> bool:
+    """Whether a warp K-tile-64 twin (:data:`..warp.family.K64_TILES`) or its K-128 bucket may be chosen for a
+    layer: the twin where it is built for ``scheme`` (:func:`..warp.family.k64_scheme`) and runs the layer at smaller
+    sizes (:func:`run_sizes`: gated layers of ``I % 128`` in ``(0, 64]``), its K-128 bucket everywhere else, so that a
+    layer packs one warp layout for the two. Every other tile: True."""
+    from ..warp import family as warp
+
+    k64 = dict(tiles, k_tile=64)
+    if family != "warp" or k64 not in warp.K64_TILES:
+        return True  # no twin: TN 24 / 32 / 64, every SM90 tile
+    smaller = (warp.k64_scheme(scheme)
+               and sum(run_sizes(family, k64, hidden, intermediate, gated, scheme))
+               < sum(run_sizes(family, dict(tiles, k_tile=128), hidden, intermediate, gated, scheme)))
+    return smaller if tiles["k_tile"] == 64 else not smaller
+
+
+def run_sizes(family: str, tiles: dict, hidden: int, intermediate: int, gated: bool = True, scheme=None) -> tuple:
+    """``(Hp, Ip)``: the sizes ``family``'s ``tiles`` run a layer of ``hidden`` / ``intermediate`` at
+    (:func:`..padding.padded_sizes`, the padding the plan applies; ``(H, I)`` where the tiles divide them), so the
+    cost model prices each choice at the bytes and CTAs its kernels stream (``scheme`` None: any INT4 scheme, whose
+    group divides a valid layer's sizes)."""
+    return _run_sizes(family, tuple(sorted(tiles.items())), hidden, intermediate, gated, scheme)
+
+
+@functools.lru_cache(maxsize=8192)
+def _run_sizes(family, tiles_items, hidden, intermediate, gated, scheme):
+    from ....formats.schemes import get_scheme
+    from .. import registry
+    from ..padding import padded_sizes
+
+    sch = get_scheme(scheme or "int4_g32")
+    fam_ = registry.get(family)
+    up, down = fam_.configs(sch, "bf16", "swiglu" if gated else "relu2", gated, "deterministic", dict(tiles_items))
+    return padded_sizes(fam_, up, down, hidden, intermediate, gated, sch)
+
+
 def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
                  top_k: Optional[int] = None, global_experts: Optional[int] = None,
                  sm_count: int = DEFAULT_SM_COUNT, scheme=None) -> Optional[tuple]:
     """``(family, tiles, predicted us)`` of the cost model's (:mod:`..cost_model`) fastest
     :func:`model_candidates` choice for a call (of those :func:`in_model_domain`; the four-consumer-warpgroup
-    tiles only where :func:`scheme_ok`), or None when the model knows none of them."""
+    tiles only where :func:`scheme_ok`; the warp K-tile-64 twins or their buckets by :func:`k_tile_ok`), each priced at the sizes it runs the layer at (:func:`run_sizes`), or
+    None when the model knows none of them."""
     from .. import cost_model
 
     by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
-               if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)}
+               if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)
+               and k_tile_ok(f, t, hidden, intermediate, gated, scheme)}
+    sizes = {n: run_sizes(f, t, hidden, intermediate, gated, scheme) for n, (f, t) in by_name.items()}
     got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
-                          sm_count)
+                          sm_count, sizes=sizes)
     if got is None:
         return None
     f, t = by_name[got[0]]

@@ -33,7 +33,7 @@ from ....archs import ARCHS as ALL_ARCHS, DEFAULT_SM_COUNT
 from .. import tiles as tiles_rule
 from ....loader.spec import KernelSpec, config_codec
 
-__all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "MODEL_TILES", "model_tiles", "spec_for", "config_from_spec", "select_tiles",
+__all__ = ["FAMILY", "ARCHS", "REFUSED_ARCHS", "TILES", "MODEL_TILES", "K64_TILES", "k64_scheme", "k128_twin", "model_tiles", "spec_for", "config_from_spec", "select_tiles",
            "gemm_configs", "num_splits", "cta_slots", "UP_ROW_BLOCKS", "SPLIT_MIN_EXPERT_BYTES", "variants", "aot_variants", "kernel_config", "group_param",
            "OCCUPANCY_TOKENS", "occupancy"]
 
@@ -60,16 +60,39 @@ TILES = (
 #: TN 32 pads a third of its MMA columns). H200, docs/perf/2026-12-01-epilogue-t24: 128,4096,384,8 at 256
 #: tokens 161.3 (TN 16) / 159.9 (TN 32) -> 141.0 us; 128,5120,1024,1 at 2048 tokens 422.4 (SM90 TN 32) -> 401.5
 MODEL_TILES = (dict(tokens_per_tile=24, k_tile=128, **_BASE),)
+#: K-tile-64 twins of the TN 8 / 16 buckets, which the SM90 family's cost model takes instead of them on layers whose
+#: sizes a K tile of 128 pads further (``I % 128 == 64``: TP shards such as ``I = 192 / 320``), for INT4 schemes of
+#: groups below 128 (a layer of larger groups has ``I % 128 == 0``). H100, docs/perf/2026-12-07-k64 (four layers,
+#: 8-256 tokens, two runs): each 0.68-0.93 x its K-128 twin's time (geometric mean 0.85) on 23 of 24 pairs, 1.02 on one
+K64_TILES = tuple(dict(tokens_per_tile=tn, k_tile=64, **_BASE) for tn in (8, 16))
+
+
+def k64_scheme(scheme) -> bool:
+    """Whether :data:`K64_TILES` are built and chosen for ``scheme`` (None: any INT4 scheme): INT4, per channel or
+    groups of at most 64."""
+    from ....formats.schemes import get_scheme
+
+    if scheme is None:
+        return True
+    sch = get_scheme(scheme)
+    return not sch.is_fp4 and (sch.group_size is None or sch.group_size <= 64)
+
+
+def k128_twin(tiles: dict) -> Optional[dict]:
+    """The K-128 bucket whose twin ``tiles`` is (one of :data:`K64_TILES`), else None."""
+    return dict(tiles, k_tile=128) if tiles in K64_TILES else None
 
 
 def model_tiles(scheme=None) -> list:
     """The tile shapes of this family a call of ``scheme`` (None: INT4) may run: the buckets of :data:`TILES`,
-    and for INT4 schemes :data:`MODEL_TILES`."""
+    for INT4 schemes :data:`MODEL_TILES` and, where :func:`k64_scheme`, :data:`K64_TILES`."""
     from ....formats.schemes import get_scheme
 
     out = [dict(t) for _, t in TILES]
     if scheme is None or not get_scheme(scheme).is_fp4:
         out += [dict(t) for t in MODEL_TILES]
+    if k64_scheme(scheme):
+        out += [dict(t) for t in K64_TILES]
     return out
 
 
