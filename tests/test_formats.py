@@ -225,3 +225,38 @@ def _assert_same(a, b):
                 assert u is None, key
             else:
                 assert t.dtype == u.dtype and torch.equal(t.view(torch.uint8), u.view(torch.uint8)), key
+
+
+def test_packed_nbytes_counts_each_cached_layout_once():
+    """``MoEWeights.packed_nbytes``: every cached provider layout (a packed dataclass, a tuple, the bias tables
+    cached on the bias tensors), its distinct storages once, the canonical tensors it shares not at all."""
+    from w4a16_moe.kernels.cute.sm90.pack import pack_sm90
+
+    w = _weights("int4_g32", "swiglu", e=2, h=128, i=64)
+    assert w.packed_nbytes() == {}
+    p = w.packed_for("sm90:w13", lambda ww: pack_sm90(ww.w13, m64_per_block=2, k_tile=64,
+                                                      compute_dtype=torch.bfloat16, interleave_gate_up=True))
+    extra = torch.zeros(10, dtype=torch.float32)
+    w.packed_for("mixed", lambda ww: (extra, {"again": extra[2:], "shared": ww.w2.scales}, [ww.w13.codes]))
+    got = w.packed_nbytes()
+    assert got == {"sm90:w13": p.data.untyped_storage().nbytes(), "mixed": 40}
+    assert got["sm90:w13"] >= w.w13.codes.numel()  # a full copy of the 4-bit codes at least
+    # the weights re-wrapped (as the torch ops do per call) see the same layouts
+    again = wm.MoEWeights.trusted(w.scheme, w.w13, w.w2, w.gated)
+    assert again.packed_nbytes() == got
+    # bias tables live on the bias tensors
+    b = torch.zeros(2, 128, dtype=torch.float32)
+    wb = wm.MoEWeights(w.scheme, w.w13, w.w2, w.gated, w2_bias=b)
+    from w4a16_moe.formats.weights import layout_cache
+
+    layout_cache(b)["cute-bias:128"] = torch.zeros(2, 128, dtype=torch.float32)
+    assert wb.packed_nbytes()["w2_bias:cute-bias:128"] == 2 * 128 * 4
+
+
+def test_warmup_logs_the_packed_bytes(caplog):
+    w = _weights("int4_g32", "swiglu", e=2, h=128, i=64)
+    with caplog.at_level("INFO", logger="w4a16_moe"):
+        assert wm.warmup(w, max_tokens=2, top_k=2, backend="reference")
+    msg = [r.getMessage() for r in caplog.records if r.getMessage().startswith("warmup:")]
+    canonical = w.nbytes_per_expert() * w.num_experts / 1e6
+    assert msg == [f"warmup: 0 packed layouts of {w} hold 0.0 MB beside its {canonical:.1f} MB of canonical tensors"]

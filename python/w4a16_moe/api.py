@@ -281,4 +281,9 @@ def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expe
         fused_moe_masked(xm, weights, mm, activation=activation, backend=backend)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+    from .log import logger
+
+    held = weights.packed_nbytes()
+    logger.info("warmup: %d packed layouts of %s hold %.1f MB beside its %.1f MB of canonical tensors", len(held),
+                weights, sum(held.values()) / 1e6, weights.nbytes_per_expert() * weights.num_experts / 1e6)
     return tokens

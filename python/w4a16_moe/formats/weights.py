@@ -23,6 +23,7 @@ derives it once with :meth:`MoEWeights.packed_for` and keeps it cached beside th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -153,6 +154,25 @@ def layout_cache(anchor: torch.Tensor) -> dict:
         cache = {}
         anchor._w4a16_layouts = cache
     return cache
+
+
+def _tensor_bytes(value: Any, skip: set, seen: set) -> int:
+    """Bytes of the distinct tensor storages reachable from ``value`` (tensors, dataclasses, sequences, dicts),
+    less those whose storage is in ``skip``."""
+    if isinstance(value, torch.Tensor):
+        st = value.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr in skip or ptr in seen:
+            return 0
+        seen.add(ptr)
+        return st.nbytes()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_tensor_bytes(getattr(value, f.name), skip, seen) for f in dataclasses.fields(value))
+    if isinstance(value, (tuple, list)):
+        return sum(_tensor_bytes(v, skip, seen) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v, skip, seen) for v in value.values())
+    return 0
 
 
 def _describe(t: Any) -> str:
@@ -342,6 +362,26 @@ class MoEWeights:
         if key not in cache:
             cache[key] = build(self)
         return cache[key]
+
+    def packed_nbytes(self) -> dict[str, int]:
+        """Bytes of each provider layout cached on these weights (``{key: bytes}``), beside the canonical tensors'
+        ``nbytes_per_expert() * num_experts``.
+
+        Each layout is a full copy of the 4-bit codes and scales in one kernel family's order (per row block,
+        K tile and padding), plus the FP32 bias tables of layers with biases; they are built by the first call
+        (or :func:`w4a16_moe.warmup`) whose plan reads them and live as long as the canonical tensors. Tensors
+        shared with the canonical ones are not counted.
+        """
+        own = {t.untyped_storage().data_ptr() for t in (*self.w13.tensors().values(), *self.w2.tensors().values(),
+                                                         self.w13_bias, self.w2_bias) if isinstance(t, torch.Tensor)}
+        out: dict[str, int] = {}
+        anchors = [("", self.w13.codes)] + [(f"{n}:", b) for n, b in (("w13_bias", self.w13_bias),
+                                                                      ("w2_bias", self.w2_bias)) if b is not None]
+        for prefix, anchor in anchors:
+            for key, value in getattr(anchor, "_w4a16_layouts", {}).items():
+                seen: set = set()
+                out[prefix + key] = _tensor_bytes(value, own, seen)
+        return out
 
     # The converters (``from_compressed_tensors``, ``to_modelopt_nvfp4``, ...) are attached by
     # :mod:`w4a16_moe.formats.converters` as the functions themselves, so their signatures and
