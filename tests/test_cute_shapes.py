@@ -142,6 +142,11 @@ def test_warp_k64_twins_run_unpadded(monkeypatch, h, i, scheme, t, finalize):
         assert p.configs[0].tokens_per_tile in (8, 16), p.describe()
 
     run_cute_moe(w, t, 8, finalize=finalize, tol=TOL, check_path=on_path, seed=t)
+    # the one warp layout of each matrix it packed, each at least the 4-bit codes (MoEWeights.packed_nbytes)
+    held = {k: v for k, v in w.packed_nbytes().items() if k.startswith("cute-warp:")}
+    assert sorted(k.split(":")[1] for k in held) == ["w13", "w2"] and all(":k64:" in k for k in held), held
+    assert held[next(k for k in held if ":w13:" in k)] >= w.w13.codes.numel(), held
+    assert held[next(k for k in held if ":w2:" in k)] >= w.w2.codes.numel(), held
 
 
 @pytest.mark.parametrize("path", PATHS)
