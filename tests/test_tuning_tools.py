@@ -320,3 +320,24 @@ def test_sweep_tiles_documents_its_flags():
                        capture_output=True, text=True)
     assert r.returncode == 0 and "--no-hint" in r.stdout and "--decode-only" in r.stdout
     assert "--decode-splits" in r.stdout and "--decode-knobs" in r.stdout
+
+
+def test_layout_memory_packs_what_the_plans_read(monkeypatch):
+    """scripts/layout_memory.py: the layouts of a layer's plans, packed once each, every one a full copy."""
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+
+    spec = importlib.util.spec_from_file_location("layout_memory", os.path.join(ROOT, "scripts", "layout_memory.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.token_grid(300) == [*range(1, 257), 300] and mod.token_grid(1024)[-3:] == [256, 512, 1024]
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    provider.clear_plans()
+    w, canonical = mod.layer_layouts(8, 512, 256, 8, "int4_g128", max_tokens=64,
+                                     info=DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132))
+    provider.clear_plans()
+    held = w.packed_nbytes()
+    assert any(":w13:" in k for k in held) and any(":w2:" in k for k in held), held
+    for key, nbytes in held.items():  # each a full copy of its matrix's 4-bit codes at least
+        assert nbytes >= (w.w13 if ":w13:" in key else w.w2).codes.numel(), (key, nbytes)
+    assert canonical == w.nbytes_per_expert()

@@ -1,0 +1,84 @@
+"""The packed weight layouts a layer holds once served at every token count, and their bytes (CPU only).
+
+    python scripts/layout_memory.py                       # the benchmark presets, H200 plans up to 8192 tokens
+    python scripts/layout_memory.py --layers 384,7168,256,8 --scheme int4_g32 --max-tokens 512 --gpu "NVIDIA H100 80GB HBM3"
+
+For each layer it plans the calls ``w4a16_moe.warmup`` plans (1..256 tokens, then powers of two up to
+``--max-tokens``; both finalize modes, and the expert-parallel halves of the deterministic ones) on a device
+description (no GPU needed: the kernels are assumed available), packs every layout those plans read on the CPU for
+one expert (the layouts' bytes scale with the expert count), and prints how many layouts each matrix has and their
+bytes over the canonical tensors' (``MoEWeights.packed_nbytes`` over ``nbytes_per_expert``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import w4a16_moe as wm
+from w4a16_moe.activations import get_activation
+from w4a16_moe.bench.presets import PRESETS
+from w4a16_moe.device import DeviceInfo
+from w4a16_moe.kernels.cute import provider, registry
+from w4a16_moe.validate import MoECall
+
+
+def token_grid(max_tokens: int) -> list:
+    """The token counts ``provider.cute_warmup`` plans (without a tuned table's extra rows)."""
+    return sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens})
+
+
+def layer_layouts(e: int, h: int, i: int, top_k: int, scheme: str, activation: str = "swiglu", bias: bool = False,
+                  global_experts=None, max_tokens: int = 8192, info: DeviceInfo = None) -> tuple:
+    """``(weights of one expert with every layout packed, canonical bytes per expert)`` of a layer."""
+    act = get_activation(activation)
+    n13 = 2 * i if act.gated else i
+    torch.manual_seed(0)
+    w = wm.quantize_experts(torch.randn(1, n13, h) * 0.05, torch.randn(1, h, i) * 0.05, scheme, activation=activation)
+    seen = set()
+    for t in token_grid(max_tokens):
+        for fin in ("deterministic", "fused"):
+            for routes_only in ((False, True) if fin == "deterministic" else (False,)):
+                call = MoECall(t, top_k, h, i, e, torch.bfloat16, torch.device("cuda"), act, fin, 0, scheme,
+                               routes_only, bias, global_experts=global_experts)
+                p = provider.plan(call, info)
+                fam = registry.get(p.family)
+                for which, cfg in zip(("w13", "w2"), p.configs):
+                    if (p.family, cfg, p.pad) not in seen:
+                        seen.add((p.family, cfg, p.pad))
+                        provider._packed(fam, w, which, cfg, torch.bfloat16, p.pad)
+    return w, w.nbytes_per_expert()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", nargs="*", help="E,H,I,TOPK[,E_GLOBAL] (default: the benchmark presets)")
+    ap.add_argument("--scheme", default="int4_g128", help="scheme of --layers")
+    ap.add_argument("--max-tokens", type=int, default=8192)
+    ap.add_argument("--gpu", default="NVIDIA H200", help="device name the plans are made for (tuned tables)")
+    args = ap.parse_args(argv)
+    provider._kernels_available = lambda arch: None  # plan as if every kernel were built
+    info = DeviceInfo("cuda", args.gpu, (9, 0), 132)
+    if args.layers:
+        rows = []
+        for text in args.layers:
+            v = [int(x) for x in text.split(",")]
+            rows.append((text, v[:4], args.scheme, "swiglu", False, v[4] if len(v) > 4 and v[4] != v[0] else None))
+    else:
+        rows = [(name, [p.local_experts, p.hidden, p.intermediate, p.top_k], p.default_scheme, p.activation, p.bias,
+                 p.global_experts if p.global_experts != p.local_experts else None) for name, p in PRESETS.items()]
+    print(f"{'layer':22s} {'scheme':12s} w13 w2  packed/canonical  layouts")
+    for name, (e, h, i, k), scheme, act, bias, g in rows:
+        w, canonical = layer_layouts(e, h, i, k, scheme, act, bias, g, args.max_tokens, info)
+        held = w.packed_nbytes()
+        n13 = sum(":w13:" in key for key in held)
+        n2 = sum(":w2:" in key for key in held)
+        keys = ", ".join(sorted(key.replace(":torch.bfloat16", "") for key in held))
+        print(f"{name:22s} {scheme:12s} {n13:3d} {n2:3d}  {sum(held.values()) / canonical:15.2f}  {keys}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
