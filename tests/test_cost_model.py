@@ -199,10 +199,12 @@ def test_the_k64_twins_are_priced_with_their_buckets_entries():
 @pytest.mark.parametrize("h,i,scheme,k64", [(5120, 192, "int4_g32", True), (6144, 320, "int4_g64_zp", True),
                                              (6144, 160, "int4_channel", True), (4096, 256, "int4_g32", False),
                                              (2048, 96, "int4_g32", False), (4096, 384, "int4_g128", False),
-                                             (5120, 192, "int4_g64", True)])
+                                             (5120, 192, "int4_g64", True), (2048, 704, "int4_g32", True),
+                                             (2880, 2880, "int4_g64", False), (7168, 832, "int4_g32", False)])
 def test_the_warp_tn8_tn16_take_k_tile_64_where_it_pads_less(h, i, scheme, k64):
-    """Gated layers of ``I % 128`` in ``(0, 64]``: the K-tile-64 twins instead of their K-128 buckets (one warp
-    layout for the two), elsewhere the buckets; the cost model, the autotuner's candidates and the plan agree."""
+    """Gated layers of ``I % 128`` in ``(0, 64]`` whose K-128 padding adds at least 8% (I = 704: 9.1%; I = 832: 7.7%,
+    H = I = 2880: 4.5%): the K-tile-64 twins instead of their K-128 buckets (one warp layout for the two), elsewhere
+    the buckets; the cost model, the autotuner's candidates and the plan agree."""
     for t in wfam.K64_TILES:
         twin = wfam.k128_twin(t)
         assert fam.k_tile_ok("warp", t, h, i, True, scheme) is k64

@@ -553,20 +553,28 @@ def in_model_domain(family: str, tiles: dict, intermediate: int, gated: bool = T
     return -(-intermediate // down.k_tile) <= (down.b_slots or down.stages)
 
 
+#: the least extra weight bytes the K-128 buckets' padding must stream (their ``Hp * Ip`` over the K-tile-64 twins')
+#: for the twins to replace them on a layer (H100, docs/perf/2026-12-07-k64: the twins 0.55-1.00 x their buckets'
+#: call time where the padding adds 9-100% (``I`` = 704 ... 64), 0.94-1.19 x on ``32,2880,2880,4`` where it adds 4.5%:
+#: a K-64 tile streams a byte at up to ~1.2 x a K-128 tile's cost where the call is bound by streaming)
+K64_MIN_SAVING = 0.08
+
+
 def k_tile_ok(family: str, tiles: dict, hidden: int, intermediate: int, gated: bool = True, scheme=None) -> bool:
     """Whether a warp K-tile-64 twin (:data:`..warp.family.K64_TILES`) or its K-128 bucket may be chosen for a
-    layer: the twin where it is built for ``scheme`` (:func:`..warp.family.k64_scheme`) and runs the layer at smaller
-    sizes (:func:`run_sizes`: gated layers of ``I % 128`` in ``(0, 64]``), its K-128 bucket everywhere else, so that a
-    layer packs one warp layout for the two. Every other tile: True."""
+    layer: the twin where it is built for ``scheme`` (:func:`..warp.family.k64_scheme`) and the K-128 padding would
+    stream at least :data:`K64_MIN_SAVING` more weight bytes (:func:`run_sizes`: gated layers of ``I % 128`` in
+    ``(0, 64]``, ``I`` up to 704), its K-128 bucket everywhere else, so that a layer packs one warp layout for the
+    two. Every other tile: True."""
     from ..warp import family as warp
 
     k64 = dict(tiles, k_tile=64)
     if family != "warp" or k64 not in warp.K64_TILES:
         return True  # no twin: TN 24 / 32 / 64, every SM90 tile
-    smaller = (warp.k64_scheme(scheme)
-               and sum(run_sizes(family, k64, hidden, intermediate, gated, scheme))
-               < sum(run_sizes(family, dict(tiles, k_tile=128), hidden, intermediate, gated, scheme)))
-    return smaller if tiles["k_tile"] == 64 else not smaller
+    h64, i64 = run_sizes(family, k64, hidden, intermediate, gated, scheme)
+    h128, i128 = run_sizes(family, dict(tiles, k_tile=128), hidden, intermediate, gated, scheme)
+    twin = warp.k64_scheme(scheme) and h128 * i128 >= (1 + K64_MIN_SAVING) * h64 * i64
+    return twin if tiles["k_tile"] == 64 else not twin
 
 
 def run_sizes(family: str, tiles: dict, hidden: int, intermediate: int, gated: bool = True, scheme=None) -> tuple:
