@@ -61,8 +61,8 @@ TILES = (
 #: tokens 161.3 (TN 16) / 159.9 (TN 32) -> 141.0 us; 128,5120,1024,1 at 2048 tokens 422.4 (SM90 TN 32) -> 401.5
 MODEL_TILES = (dict(tokens_per_tile=24, k_tile=128, **_BASE),)
 #: K-tile-64 twins of the TN 8 / 16 buckets, which the SM90 family's cost model takes instead of them on layers whose
-#: sizes a K tile of 128 pads further (``I % 128 == 64``: TP shards such as ``I = 192 / 320``), for INT4 schemes of
-#: groups below 128 (a layer of larger groups has ``I % 128 == 0``). H100, docs/perf/2026-12-07-k64 (four layers,
+#: sizes a K tile of 128 pads by at least 8% more bytes (``sm90.family.k_tile_ok``; ``I % 128 == 64`` up to 704: TP
+#: shards such as ``I = 192 / 320``), for INT4 schemes of groups below 128 (a layer of larger groups has ``I % 128 == 0``). H100, docs/perf/2026-12-07-k64 (four layers,
 #: 8-256 tokens, two runs): each 0.68-0.93 x its K-128 twin's time (geometric mean 0.85) on 23 of 24 pairs, 1.02 on one
 K64_TILES = tuple(dict(tokens_per_tile=tn, k_tile=64, **_BASE) for tn in (8, 16))
 
