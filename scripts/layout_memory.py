@@ -8,11 +8,18 @@ For each layer it plans the calls ``w4a16_moe.warmup`` plans (1..256 tokens, the
 description (no GPU needed: the kernels are assumed available), packs every layout those plans read on the CPU for
 one expert (the layouts' bytes scale with the expert count), and prints how many layouts each matrix has and their
 bytes over the canonical tensors' (``MoEWeights.packed_nbytes`` over ``nbytes_per_expert``).
+
+``--estimate`` adds, per INT4 layer, what keeping fewer layouts would cost by the cost model's reckoning (not a
+measurement): over the grouped calls of 16, 32, ..., ``--max-tokens`` tokens, the model's best choice among those
+reading one (w13, w2) layout pair, or two pairs, against its best choice overall (geometric mean and worst ratio; the
+decode kernels, which read a fixed SM90 pair, are not in it).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import math
 import sys
 
 import torch
@@ -52,12 +59,57 @@ def layer_layouts(e: int, h: int, i: int, top_k: int, scheme: str, activation: s
     return w, w.nbytes_per_expert()
 
 
+def layout_pair_estimate(e: int, h: int, i: int, top_k: int, scheme: str, global_experts=None,
+                         max_tokens: int = 8192, sm_count: int = 132) -> dict:
+    """The cost model's price of fewer layouts on a gated INT4 layer: ``{"one": (pairs, geomean, worst), "two":
+    (...)}``, the best one / two (w13, w2) layout pairs and their predicted time over the model's best choice at
+    16, 32, ..., ``max_tokens`` tokens (geometric mean, worst), and ``"pairs"``: how many pairs the unrestricted picks
+    read."""
+    from w4a16_moe.formats.schemes import get_scheme
+    from w4a16_moe.kernels.cute import cost_model
+    from w4a16_moe.kernels.cute.sm90 import family as sm90
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+
+    sch = get_scheme(scheme)
+
+    def pair(family: str, tiles: dict) -> tuple:
+        fam = registry.get(family)
+        up, down = fam.configs(sch, "bf16", "swiglu", True, "deterministic", tiles)
+        return fam.layout_key("w13", up, torch.bfloat16), fam.layout_key("w2", down, torch.bfloat16)
+
+    cands = [(f, t) for f, t in sm90.model_candidates() if sm90.in_model_domain(f, t, i, True)
+             and sm90.scheme_ok(t, scheme) and sm90.k_tile_ok(f, t, h, i, True, scheme)]
+    rows = {}
+    for t in (2**j for j in range(4, 31) if 2**j <= max_tokens):
+        for f, tiles in cands:
+            us = cost_model.predict_us(f"{f} {candidate_name(tiles)}", t * top_k, e,
+                                       *sm90.run_sizes(f, tiles, h, i, True, scheme), True, top_k, global_experts,
+                                       sm_count)
+            if us is not None:
+                rows.setdefault(t, []).append((us, pair(f, tiles)))
+    best = {t: min(u for u, _ in r) for t, r in rows.items()}
+    pairs = sorted({p for r in rows.values() for _, p in r})
+
+    def price(allowed: set) -> tuple:
+        ratios = [min((u for u, p in r if p in allowed), default=math.inf) / best[t] for t, r in rows.items()]
+        if not all(map(math.isfinite, ratios)):
+            return math.inf, math.inf
+        return math.exp(sum(map(math.log, ratios)) / len(ratios)), max(ratios)
+
+    out = {"pairs": len({min(r)[1] for r in rows.values()})}
+    for name, n in (("one", 1), ("two", 2)):
+        got = min((price(set(c)) + (c,) for c in itertools.combinations(pairs, n)), default=None)
+        out[name] = (got[2], got[0], got[1]) if got else None
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", nargs="*", help="E,H,I,TOPK[,E_GLOBAL] (default: the benchmark presets)")
     ap.add_argument("--scheme", default="int4_g128", help="scheme of --layers")
     ap.add_argument("--max-tokens", type=int, default=8192)
     ap.add_argument("--gpu", default="NVIDIA H200", help="device name the plans are made for (tuned tables)")
+    ap.add_argument("--estimate", action="store_true", help="the cost model's price of one / two layout pairs")
     args = ap.parse_args(argv)
     provider._kernels_available = lambda arch: None  # plan as if every kernel were built
     info = DeviceInfo("cuda", args.gpu, (9, 0), 132)
@@ -77,6 +129,13 @@ def main(argv=None) -> int:
         n2 = sum(":w2:" in key for key in held)
         keys = ", ".join(sorted(key.replace(":torch.bfloat16", "") for key in held))
         print(f"{name:22s} {scheme:12s} {n13:3d} {n2:3d}  {sum(held.values()) / canonical:15.2f}  {keys}")
+        if args.estimate and scheme.startswith("int4") and get_activation(act).gated:
+            est = layout_pair_estimate(e, h, i, k, scheme, g, args.max_tokens)
+            for label in ("one", "two"):
+                pairs, gm, worst = est[label]
+                names = " + ".join("/".join(p.replace(":torch.bfloat16", "") for p in pr) for pr in pairs)
+                print(f"    model estimate, {label} pair(s) ({names}): {gm:.3f} x (worst {worst:.3f}) of the "
+                      f"{est['pairs']}-pair picks at 16-{args.max_tokens} tokens")
     return 0
 
 

@@ -341,3 +341,17 @@ def test_layout_memory_packs_what_the_plans_read(monkeypatch):
     for key, nbytes in held.items():  # each a full copy of its matrix's 4-bit codes at least
         assert nbytes >= (w.w13 if ":w13:" in key else w.w2).codes.numel(), (key, nbytes)
     assert canonical == w.nbytes_per_expert()
+
+
+def test_layout_memory_estimates_fewer_layout_pairs():
+    """scripts/layout_memory.py --estimate: the model's best one / two layout pairs cost at least the unrestricted
+    picks, two no more than one, and exactly them where the picks read at most two pairs."""
+    spec = importlib.util.spec_from_file_location("layout_memory", os.path.join(ROOT, "scripts", "layout_memory.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    est = mod.layout_pair_estimate(128, 4096, 384, 8, "int4_g128", max_tokens=1024)
+    (one, gm1, worst1), (two, gm2, worst2) = est["one"], est["two"]
+    assert len(one) == 1 and len(two) == 2 and all(len(p) == 2 for p in one + two)
+    assert 1.0 <= gm2 <= gm1 and worst2 <= worst1 and gm1 <= worst1
+    if est["pairs"] <= 2:
+        assert gm2 == worst2 == 1.0
