@@ -3,8 +3,9 @@
     python scripts/layout_memory.py                       # the benchmark presets, H200 plans up to 8192 tokens
     python scripts/layout_memory.py --layers 384,7168,256,8 --scheme int4_g32 --max-tokens 512 --gpu "NVIDIA H100 80GB HBM3"
 
-For each layer it plans the calls ``w4a16_moe.warmup`` plans (1..256 tokens, then powers of two up to
-``--max-tokens``; both finalize modes, and the expert-parallel halves of the deterministic ones) on a device
+For each layer it plans the calls ``w4a16_moe.warmup`` plans (``provider.warmup_plans``: 1..256 tokens, then powers of
+two up to ``--max-tokens`` and the tuned table's counts; both finalize modes, and the expert-parallel halves of the
+deterministic ones) on a device
 description (no GPU needed: the kernels are assumed available), packs every layout those plans read on the CPU for
 one expert (the layouts' bytes scale with the expert count), and prints how many layouts each matrix has and their
 bytes over the canonical tensors' (``MoEWeights.packed_nbytes`` over ``nbytes_per_expert``).
@@ -32,30 +33,22 @@ from w4a16_moe.kernels.cute import provider, registry
 from w4a16_moe.validate import MoECall
 
 
-def token_grid(max_tokens: int) -> list:
-    """The token counts ``provider.cute_warmup`` plans (without a tuned table's extra rows)."""
-    return sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens})
-
-
 def layer_layouts(e: int, h: int, i: int, top_k: int, scheme: str, activation: str = "swiglu", bias: bool = False,
                   global_experts=None, max_tokens: int = 8192, info: DeviceInfo = None) -> tuple:
-    """``(weights of one expert with every layout packed, canonical bytes per expert)`` of a layer."""
+    """``(weights of one expert with every layout packed, canonical bytes per expert)`` of a layer: the layouts of
+    the plans ``w4a16_moe.warmup`` makes (``provider.warmup_plans``)."""
     act = get_activation(activation)
     n13 = 2 * i if act.gated else i
     torch.manual_seed(0)
     w = wm.quantize_experts(torch.randn(1, n13, h) * 0.05, torch.randn(1, h, i) * 0.05, scheme, activation=activation)
     seen = set()
-    for t in token_grid(max_tokens):
-        for fin in ("deterministic", "fused"):
-            for routes_only in ((False, True) if fin == "deterministic" else (False,)):
-                call = MoECall(t, top_k, h, i, e, torch.bfloat16, torch.device("cuda"), act, fin, 0, scheme,
-                               routes_only, bias, global_experts=global_experts)
-                p = provider.plan(call, info)
-                fam = registry.get(p.family)
-                for which, cfg in zip(("w13", "w2"), p.configs):
-                    if (p.family, cfg, p.pad) not in seen:
-                        seen.add((p.family, cfg, p.pad))
-                        provider._packed(fam, w, which, cfg, torch.bfloat16, p.pad)
+    for _, p in provider.warmup_plans(info, e, h, i, scheme, torch.bfloat16, torch.device("cuda"), act, top_k,
+                                      max_tokens, has_bias=bias, global_experts=global_experts):
+        fam = registry.get(p.family)
+        for which, cfg in zip(("w13", "w2"), p.configs):
+            if (p.family, cfg, p.pad) not in seen:
+                seen.add((p.family, cfg, p.pad))
+                provider._packed(fam, w, which, cfg, torch.bfloat16, p.pad)
     return w, w.nbytes_per_expert()
 
 
@@ -68,7 +61,6 @@ def layout_pair_estimate(e: int, h: int, i: int, top_k: int, scheme: str, global
     from w4a16_moe.formats.schemes import get_scheme
     from w4a16_moe.kernels.cute import cost_model
     from w4a16_moe.kernels.cute.sm90 import family as sm90
-    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
 
     sch = get_scheme(scheme)
 
@@ -77,14 +69,12 @@ def layout_pair_estimate(e: int, h: int, i: int, top_k: int, scheme: str, global
         up, down = fam.configs(sch, "bf16", "swiglu", True, "deterministic", tiles)
         return fam.layout_key("w13", up, torch.bfloat16), fam.layout_key("w2", down, torch.bfloat16)
 
-    cands = [(f, t) for f, t in sm90.model_candidates() if sm90.in_model_domain(f, t, i, True)
-             and sm90.scheme_ok(t, scheme) and sm90.k_tile_ok(f, t, h, i, True, scheme)]
+    cands = sm90.model_pool(h, i, True, scheme)
     rows = {}
     for t in (2**j for j in range(4, 31) if 2**j <= max_tokens):
-        for f, tiles in cands:
-            us = cost_model.predict_us(f"{f} {candidate_name(tiles)}", t * top_k, e,
-                                       *sm90.run_sizes(f, tiles, h, i, True, scheme), True, top_k, global_experts,
-                                       sm_count)
+        for name, (f, tiles) in cands.items():
+            us = cost_model.predict_us(name, t * top_k, e, *sm90.run_sizes(f, tiles, h, i, True, scheme), True,
+                                       top_k, global_experts, sm_count)
             if us is not None:
                 rows.setdefault(t, []).append((us, pair(f, tiles)))
     best = {t: min(u for u, _ in r) for t, r in rows.items()}

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from w4a16_moe.bench.tune import decode_summary
 from w4a16_moe.formats.schemes import get_scheme
@@ -330,11 +331,16 @@ def test_layout_memory_packs_what_the_plans_read(monkeypatch):
     spec = importlib.util.spec_from_file_location("layout_memory", os.path.join(ROOT, "scripts", "layout_memory.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.token_grid(300) == [*range(1, 257), 300] and mod.token_grid(1024)[-3:] == [256, 512, 1024]
     monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
     provider.clear_plans()
-    w, canonical = mod.layer_layouts(8, 512, 256, 8, "int4_g128", max_tokens=64,
-                                     info=DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132))
+    info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+
+    def counts(max_tokens):  # the token counts of the warmup plans (no tuned row for this layer)
+        return sorted({t for t, _ in provider.warmup_plans(info, 8, 512, 256, "int4_g128", torch.bfloat16,
+                                                            torch.device("cuda"), "swiglu", 8, max_tokens)})
+
+    assert counts(300) == [*range(1, 257), 300] and counts(1024)[-3:] == [256, 512, 1024]
+    w, canonical = mod.layer_layouts(8, 512, 256, 8, "int4_g128", max_tokens=64, info=info)
     provider.clear_plans()
     held = w.packed_nbytes()
     assert any(":w13:" in k for k in held) and any(":w2:" in k for k in held), held

@@ -66,7 +66,7 @@ from . import overrides, registry
 from .registry import KernelFamily
 
 __all__ = ["CuteProvider", "PROVIDER", "unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked",
-           "cute_expert_routes", "cute_warmup", "batch_invariant", "family_for", "clear_plans"]
+           "cute_expert_routes", "warmup_plans", "cute_warmup", "batch_invariant", "family_for", "clear_plans"]
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -901,51 +901,66 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
     return y, valid
 
 
-def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, top_k: int,
-                finalizes=("deterministic", "fused"), global_experts: Optional[int] = None) -> list:
-    """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select
-    (the decode kernels when small calls use them, the rule's buckets and the tuned table's entries for this
-    layer; ``global_experts``: the calls' expert-parallel hint): the plans of those calls, loaded."""
+def warmup_plans(info: DeviceInfo, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: torch.dtype,
+                 device, activation, top_k: int, max_tokens: int, finalizes=("deterministic", "fused"),
+                 has_bias: bool = False, global_experts: Optional[int] = None):
+    """Yield ``(tokens, plan)`` of every call :func:`cute_warmup` prepares on ``info``: 1..256 tokens, the powers of
+    two up to ``max_tokens``, ``max_tokens`` and the tuned table's token counts of the layer, in each finalize mode,
+    and for the deterministic one also the grouped GEMMs' plan of the same shape (expert-parallel halves)."""
     from ...activations import get_activation
-    from ...device import probe
     from ...validate import MoECall
 
-    info = probe(weights.device)
-    act = get_activation(activation)
-    e, h, i = weights.num_experts, weights.hidden_size, weights.intermediate_size
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    e, h, i = num_experts, hidden, intermediate
     if global_experts == e:
         global_experts = None  # every expert local: the calls carry no hint (validate.check_global_experts)
     base, why = family_for(info)
     if base is None:
         raise RuntimeError(f"provider cute: {why}")
     mod = _module(base)
-    tuned = (mod.tuned_token_counts(info.name, e, h, i, weights.scheme.name, _DTYPES[dtype], top_k, global_experts)
+    tuned = (mod.tuned_token_counts(info.name, e, h, i, scheme, _DTYPES[dtype], top_k, global_experts)
              if hasattr(mod, "tuned_token_counts") else [])
     grid = sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens,
                    *(t for t in tuned if t <= max_tokens)})
-    seen, names = set(), []
     for fin in finalizes:
         for t in grid:
-            # the call's own plan, and the grouped GEMMs' plan of the same shape (expert-parallel halves)
             for routes_only in ((False, True) if fin == "deterministic" else (False,)):
-                call = MoECall(t, top_k, h, i, e, dtype, weights.device, act, fin, 0, weights.scheme.name,
-                               routes_only, weights.has_bias, global_experts=global_experts)
+                call = MoECall(t, top_k, h, i, e, dtype, device, act, fin, 0, scheme, routes_only, has_bias,
+                               global_experts=global_experts)
                 p, why = _plan_cached(call, info)
                 if p is None:
                     raise RuntimeError(f"provider cute: {why}")
-                family = registry.get(p.family)
-                if p.decode:  # the K-split scratch, allocated before any capture
-                    _decode_scratch_of(p, weights, t, top_k, weights.device)
-                for cfg, which in zip(p.configs, ("w13", "w2")):
-                    if (p.family, cfg, p.pad) in seen:
-                        continue
-                    seen.add((p.family, cfg, p.pad))
-                    _packed(family, weights, which, cfg, dtype, p.pad)
-                    _kernel(family, p.arch, cfg).ensure_loaded()
-                    if cfg.name() not in names:
-                        names.append(cfg.name())
-                for which in _biases_of(weights, p.configs):  # the kernels' FP32 bias tables
-                    _bias(weights, which, p.pad)
+                yield t, p
+
+
+def cute_warmup(weights, dtype: torch.dtype, activation: str, max_tokens: int, top_k: int,
+                finalizes=("deterministic", "fused"), global_experts: Optional[int] = None) -> list:
+    """Pack ``weights`` and load every kernel that a call of 1..``max_tokens`` tokens can select
+    (the decode kernels when small calls use them, the rule's buckets and the tuned table's entries for this
+    layer; ``global_experts``: the calls' expert-parallel hint): the plans of those calls (:func:`warmup_plans`),
+    loaded."""
+    from ...device import probe
+
+    info = probe(weights.device)
+    e = weights.num_experts
+    seen, names = set(), []
+    for t, p in warmup_plans(info, e, weights.hidden_size, weights.intermediate_size, weights.scheme.name, dtype,
+                             weights.device, activation, top_k, max_tokens, finalizes, weights.has_bias,
+                             global_experts):
+        family = registry.get(p.family)
+        if p.decode:  # the K-split scratch, allocated before any capture
+            _decode_scratch_of(p, weights, t, top_k, weights.device)
+        for cfg, which in zip(p.configs, ("w13", "w2")):
+            if (p.family, cfg, p.pad) in seen:
+                continue
+            seen.add((p.family, cfg, p.pad))
+            _packed(family, weights, which, cfg, dtype, p.pad)
+            _kernel(family, p.arch, cfg).ensure_loaded()
+            if cfg.name() not in names:
+                names.append(cfg.name())
+        for which in _biases_of(weights, p.configs):  # the kernels' FP32 bias tables
+            _bias(weights, which, p.pad)
+    base, _ = family_for(info)
     if cute_routing(_arch(base, info), e):  # the CuTe route preparation / finalize kernels of this layer
         from .routing import launch as rl
 

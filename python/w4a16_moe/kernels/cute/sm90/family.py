@@ -597,18 +597,23 @@ def _run_sizes(family, tiles_items, hidden, intermediate, gated, scheme):
     return padded_sizes(fam_, up, down, hidden, intermediate, gated, sch)
 
 
+def model_pool(hidden: int, intermediate: int, gated: bool = True, scheme=None) -> dict:
+    """``{"<family> <candidate name>": (family, tiles)}``: the :func:`model_candidates` the cost model may choose for a
+    layer (:func:`in_model_domain`, :func:`scheme_ok`, :func:`k_tile_ok`)."""
+    return {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
+            if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)
+            and k_tile_ok(f, t, hidden, intermediate, gated, scheme)}
+
+
 def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
                  top_k: Optional[int] = None, global_experts: Optional[int] = None,
                  sm_count: int = DEFAULT_SM_COUNT, scheme=None) -> Optional[tuple]:
     """``(family, tiles, predicted us)`` of the cost model's (:mod:`..cost_model`) fastest
-    :func:`model_candidates` choice for a call (of those :func:`in_model_domain`; the four-consumer-warpgroup
-    tiles only where :func:`scheme_ok`; the warp K-tile-64 twins or their buckets by :func:`k_tile_ok`), each priced at the sizes it runs the layer at (:func:`run_sizes`), or
-    None when the model knows none of them."""
+    :func:`model_candidates` choice for a call (of its :func:`model_pool`), each priced at the sizes it runs the layer
+    at (:func:`run_sizes`), or None when the model knows none of them."""
     from .. import cost_model
 
-    by_name = {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
-               if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)
-               and k_tile_ok(f, t, hidden, intermediate, gated, scheme)}
+    by_name = model_pool(hidden, intermediate, gated, scheme)
     sizes = {n: run_sizes(f, t, hidden, intermediate, gated, scheme) for n, (f, t) in by_name.items()}
     got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
                           sm_count, sizes=sizes)
