@@ -97,6 +97,11 @@ SETTINGS = (
             "(CTAs loop over any tiles past it) instead of the bound of any routing: `auto` where that grid is at "
             "most half the bound (expert-parallel ranks at decode sizes), `1` every warp-MMA call, `0` never.",
             ("auto", "0", "1")),
+    Setting("W4A16_MOE_LAYOUTS", "layouts", "choice", "all",
+            "Packed weight layouts a layer may hold on the SM90 kernels (each a full copy of its 4-bit weights): "
+            "`all` lets every call take its fastest tiles (a layer served at every token count holds 2-4 layouts per "
+            "matrix); `2` / `1`: every plan reads one of the two / one (w13, w2) layout pairs the cost model picks "
+            "per layer (`kernels/cute/layout_budget.py`; README \"Memory\").", ("all", "2", "1")),
     Setting("W4A16_MOE_BATCH_INVARIANT", "batch_invariant", "bool", False,
             "Deterministic calls never split K and never take the decode kernels, so a route's result does not "
             "depend on its batch (expert parallelism then reproduces one GPU bit for bit)."),

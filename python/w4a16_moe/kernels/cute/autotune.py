@@ -156,7 +156,7 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     one per distinct plan, in the order they are timed. ``memo``: the loader's answers per (spec, arch),
     shared between the token counts of one tuning run (each answer checks a library's checksum)."""
     from ... import settings
-    from . import choice_plan, provider
+    from . import choice_plan, layout_budget, provider
     from .sm90 import family as sm90
     from .warp import family as warp
     from .sm90.tuned import candidate_name
@@ -191,7 +191,7 @@ def candidates(call, info, allow_jit: bool = False, status: Optional[Callable] =
     ok = {} if memo is None else memo
     for c in out:
         p = choice_plan.plan_of_choice(call, info, c)
-        if p is None:
+        if p is None or not layout_budget.allows(p, call, info):  # W4A16_MOE_LAYOUTS: the layer's kept pairs only
             continue
         ident = (p.family, p.configs, p.splits)
         if ident in seen:
@@ -307,6 +307,7 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     (the kernels never read the permutation; :func:`w4a16_moe.warmup` tunes the top-1 call the op runs)."""
     import torch
 
+    from ... import settings
     from ...activations import get_activation
     from ...device import probe
     from ...log import logger
@@ -331,7 +332,8 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
     out, memo = {}, {}
     finalizes = list(finalizes)
     for n, fin in enumerate(finalizes):
-        key = store.LayerKey(info.name, e, h, i, weights.scheme.name, dt, top_k, act.name, fin, global_experts)
+        key = store.LayerKey(info.name, e, h, i, weights.scheme.name, dt, top_k, act.name, fin, global_experts,
+                             settings.get().layouts)
         have = store.read_entry(key) or {"rows": {}}
         todo = [t for t in grid if not (t in have["rows"] and have["rows"][t].complete)]
         if not todo:

@@ -117,19 +117,23 @@ class LayerKey:
     finalize: str
     #: the ``global_num_experts`` hint the layer's calls carry (None: every route local; see MoECall)
     global_experts: Optional[int] = None
+    #: ``W4A16_MOE_LAYOUTS`` the rows were tuned under (a budget's rows time only its kept layout pairs)
+    layouts: str = "all"
 
     def _ep(self) -> str:
         return "" if self.global_experts is None else f"of{self.global_experts}"
 
     def text(self) -> str:
         return (f"{self.gpu}|e{self.experts}{self._ep()}_h{self.hidden}_i{self.intermediate}|{self.scheme}|"
-                f"{self.dtype}|k{self.top_k}|{self.activation}|{self.finalize}")
+                f"{self.dtype}|k{self.top_k}|{self.activation}|{self.finalize}"
+                + ("" if self.layouts == "all" else f"|layouts{self.layouts}"))
 
     def filename(self) -> str:
         gpu = re.sub(r"[^A-Za-z0-9]+", "-", self.gpu).strip("-").lower() or "gpu"
         digest = hashlib.sha256(self.text().encode()).hexdigest()[:16]
         return (f"{gpu}-e{self.experts}{self._ep()}-h{self.hidden}-i{self.intermediate}-{self.scheme}-{self.dtype}-"
-                f"k{self.top_k}-{self.activation}-{self.finalize}-{digest}.json")
+                f"k{self.top_k}-{self.activation}-{self.finalize}"
+                + ("" if self.layouts == "all" else f"-layouts{self.layouts}") + f"-{digest}.json")
 
 
 def candidate_tiles(family: str) -> dict:

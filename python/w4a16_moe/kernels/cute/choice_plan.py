@@ -15,7 +15,7 @@ from typing import Optional
 from ... import settings
 from ...device import DeviceInfo
 from ...plan import Plan
-from . import overrides, registry
+from . import layout_budget, overrides, registry
 from .provider import (_DTYPES, _decode_beside, _decode_plan_of, _max_tiles, _module, _routed_grouped_plan,
                        family_for)
 from .registry import KernelFamily
@@ -32,7 +32,7 @@ def autotuned_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> 
     if overrides.current().any or settings.get().cute_decode == "1":
         return None
     key = store.LayerKey(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
-                         call.activation.name, call.finalize, call.global_experts)
+                         call.activation.name, call.finalize, call.global_experts, settings.get().layouts)
     hit = store.lookup(key, call.tokens)
     if hit is None:
         return None
@@ -63,7 +63,7 @@ def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Opti
         dec = _decode_beside(base)
         s = settings.get()
         if (dec is None or getattr(call, "routes_only", False) or s.batch_invariant or s.cute_decode == "0"
-                or dec.can_implement(call) is not None):
+                or dec.can_implement(call) is not None or layout_budget.decode_pair(call, info) == (True, None)):
             return None
         knobs = _module(dec).knob_items(choice.candidate or None)
         return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note or f"knobs {choice.candidate or 'default'}")

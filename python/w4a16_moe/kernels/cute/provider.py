@@ -62,7 +62,7 @@ import torch
 from ... import settings
 from ...device import DeviceInfo
 from ...plan import Plan
-from . import overrides, registry
+from . import layout_budget, overrides, registry
 from .registry import KernelFamily
 
 __all__ = ["CuteProvider", "PROVIDER", "unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked",
@@ -173,7 +173,16 @@ def _grouped_choice(base: KernelFamily, call, dt: str, info: DeviceInfo) -> tupl
                                       gated=call.activation.gated, sm_count=info.sms)
     fam = registry.get(name)
     if fam is not base and fam.can_implement(call) is not None:  # the chosen family lacks a feature
-        return base, base.select_tiles(call.tokens * call.top_k, call.experts, call.top_k, call.global_experts), None
+        fam, tiles, splits = base, base.select_tiles(call.tokens * call.top_k, call.experts, call.top_k,
+                                                     call.global_experts), None
+    keep = layout_budget.kept(call, info)
+    if keep is not None and layout_budget.pair_of(fam.name, tiles, call.hidden, call.intermediate,
+                                                  call.activation.gated, call.scheme) not in keep:
+        name, tiles = layout_budget.restricted_choice(call, info, keep, call.tokens * call.top_k)
+        fam, splits = registry.get(name), None
+        if fam is not base and fam.can_implement(call) is not None:
+            fam, tiles = base, layout_budget.restricted_choice(call, info, tuple(p for p in keep if p.sm90),
+                                                               call.tokens * call.top_k)[1]
     return fam, tiles, splits
 
 
@@ -204,6 +213,10 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     inv = batch_invariant()
     if isinstance(call, MaskedCall):
         tiles = base.select_tiles(e * call.capacity, e)
+        keep = layout_budget.kept(call, info)
+        if keep is not None and layout_budget.pair_of(base.name, tiles, call.hidden, call.intermediate, act.gated,
+                                                      call.scheme) not in keep:
+            tiles = layout_budget.restricted_choice(call, info, tuple(p for p in keep if p.sm90), e * call.capacity)[1]
         if e * -(-call.capacity // tiles["tokens_per_tile"]) > base.max_grid_y:
             return None, f"{e} experts x capacity {call.capacity} exceed one launch's grid (provider cute)"
         why = _kernels_available(_arch(base, info))
@@ -216,7 +229,7 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         a = _arch(base, info)
         su = 1 if inv else base.num_splits(n13, hp, up, r, e, sm, arch=a)
         sd = 1 if inv else base.num_splits(hp, ip, down, r, e, sm, arch=a)
-        return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, hp, "masked",
+        return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, hp, "masked" + _budget_note(call, info),
                              pad=_pad_field(call, hp, ip)), None
     fam, tiles, splits = _grouped_choice(base, call, dt, info)
     r = call.tokens * call.top_k
@@ -228,13 +241,21 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
     from .choice_plan import autotuned_plan
 
     auto = autotuned_plan(base, call, sch, dt, info)
-    if auto is not None:
+    if auto is not None and layout_budget.allows(auto, call, info):
         return auto, None
     dec, why_not_decode = _decode_plan(base, call, sch, dt, info)
     if dec is not None:
         return dec, None
     note = "forced" if overrides.current().candidate is not None else _table_note(base, call, dt, info, why_not_decode)
-    return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note), None
+    return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note + _budget_note(call, info)), None
+
+
+def _budget_note(call, info: DeviceInfo) -> str:
+    """``", W4A16_MOE_LAYOUTS=N: kept <pairs>"`` under a layout budget (:mod:`.layout_budget`), else ``""``."""
+    keep = layout_budget.kept(call, info)
+    if keep is None:
+        return ""
+    return f", W4A16_MOE_LAYOUTS={settings.get().layouts}: kept " + " + ".join(map(str, keep))
 
 
 def _table_note(base: KernelFamily, call, dt: str, info: DeviceInfo, why_not_decode: str = "") -> str:
@@ -388,6 +409,9 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
                               expert_bytes=expert_bytes)
     if why is not None:
         return None, (f", not decode: {why}" if call.tokens * call.top_k <= dmod.DECODE_MAX_ROUTES else "")
+    budgeted, pair = layout_budget.decode_pair(call, info)
+    if budgeted and pair is None:
+        return None, f", not decode: W4A16_MOE_LAYOUTS={settings.get().layouts} keeps no layout pair it reads"
     if force.decode_knobs is not None:
         knobs = force.decode_knobs
         note = "forced knobs"
@@ -395,7 +419,8 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
         text = smod.decode_knobs(call.tokens, *key)
         if text is None:  # no tuned knob set for the layer: the default set of its regime
             text = dmod.default_knobs(call.tokens, call.top_k, call.hidden, n13, info.sms,
-                                      call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch))
+                                      call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch),
+                                      m64_per_block=pair.geometry("w13")[0] if pair else None)
             note = f"default knobs {text}" if text else "default knobs"
         else:
             note = f"knobs {text}" if text else "default knobs"
@@ -408,7 +433,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
             reread = dmod.reread_factor(call.tokens, call.top_k, call.experts, call.global_experts)
             mb = dmod.streamed_bytes(call.tokens, call.top_k, expert_bytes, call.experts, call.global_experts) / 1e6
             note += f", cost model: re-read {reread:.2f}x, {mb:.0f} MB streamed"
-        note += _ep_note(call)
+        note += _ep_note(call) + _budget_note(call, info)
     return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note), ""
 
 
@@ -417,9 +442,16 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
     """The decode plan of ``call`` with knob items ``knobs``: its configs, and the K split of each kernel
     (the knobs' ``s<N>``, else :func:`.decode.family.num_splits` for the device's SM count)."""
     dmod = _module(dec)
-    up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, {"knobs": knobs},
+    tiles = {"knobs": knobs}
+    _, pair = layout_budget.decode_pair(call, info)
+    if pair is not None:  # a layout budget: the kept SM90 pair's layouts, at its padded sizes
+        tiles["layout"] = (pair.geometry("w13"), pair.geometry("w2"))
+    up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, tiles,
                            bias=call.has_bias)
     hp, ip, n13 = _padded(dec, up, down, call, sch)
+    if pair is not None:
+        hp, ip = pair.sizes
+        n13 = 2 * ip if call.activation.gated else ip
     fu, fd = dmod.forced_splits(knobs)
     su = fu if fu is not None else dmod.num_splits(up, n13, hp, call.tokens, call.top_k, info.sms, call.experts,
                                                    call.global_experts)
@@ -427,7 +459,7 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
                                                    call.global_experts)
     counters = (dmod.scratch_sizes(up, n13, call.tokens, call.top_k, su)[1]
                 + dmod.scratch_sizes(down, hp, call.tokens, call.top_k, sd)[1])
-    return Plan("cute", dec.name, _arch(base, info), True, (("knobs", knobs),), (su, sd), (up, down),
+    return Plan("cute", dec.name, _arch(base, info), True, tuple(sorted(tiles.items())), (su, sd), (up, down),
                 (dec.spec_for(up).name, dec.spec_for(down).name), max_tiles=0, counters=counters, note=note,
                 pad=_pad_field(call, hp, ip))
 

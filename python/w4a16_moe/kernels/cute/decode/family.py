@@ -30,6 +30,7 @@ This module imports neither ``cutlass`` nor the kernel module.
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Iterable, Optional
 
 from .... import settings
@@ -157,18 +158,21 @@ spec_for, config_from_spec = config_codec(FAMILY, kernel_config)
 
 
 @functools.lru_cache(maxsize=4096)
-def configs(scheme, dtype: str, activation: str, knobs: tuple = (), bias: bool = False) -> tuple:
+def configs(scheme, dtype: str, activation: str, knobs: tuple = (), bias: bool = False,
+            layout: Optional[tuple] = None) -> tuple:
     """(gate_up, down) :class:`DecodeGemvConfig` of a call; ``knobs``: ``(("gate_up", {...}), ...)``
     items overriding :data:`KNOBS` (the tuner's variants; a ``splits`` item is a launch parameter, not a
     config field: :func:`forced_splits`); ``bias``: the layer has per-expert biases (both kernels add theirs;
-    a matrix without one reads a zero table)."""
+    a matrix without one reads a zero table); ``layout``: ``((X, BK) of w13, (X, BK) of w2)``, the SM90 layouts
+    read (None: :data:`LAYOUT`; a layout budget's kept pair, ``layout_budget.decode_pair``)."""
     # (the split is a launch parameter; FP4 codes have no FP32-scale variant: the knob means nothing for them)
     over = {m: tuple(kv for kv in v if kv[0] != "splits" and not (kv[0] == "fp32_scale" and scheme.is_fp4))
             for m, v in dict(knobs).items()}
     base = dict(dtype=dtype, group=group_param(scheme), zero_point=scheme.zero_point, fp4=scheme.is_fp4, bias=bias)
-    up = kernel_config(mode="gate_up", activation=activation, **base, **LAYOUT["w13"],
+    lay = LAYOUT if layout is None else {w: dict(m64_per_block=x, k_tile=k) for w, (x, k) in zip(("w13", "w2"), layout)}
+    up = kernel_config(mode="gate_up", activation=activation, **base, **lay["w13"],
                        **dict(KNOBS["gate_up"], **dict(over.get("gate_up", ()))))
-    down = kernel_config(mode="down", **base, **LAYOUT["w2"], **dict(KNOBS["down"], **dict(over.get("down", ()))))
+    down = kernel_config(mode="down", **base, **lay["w2"], **dict(KNOBS["down"], **dict(over.get("down", ()))))
     return up, down
 
 
@@ -223,7 +227,7 @@ def _local_routes(routes: int, top_k: int, num_experts: Optional[int], num_globa
 
 def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: int,
                   num_experts: Optional[int] = None, num_global_experts: Optional[int] = None,
-                  fp32_scales: bool = False) -> str:
+                  fp32_scales: bool = False, m64_per_block: Optional[int] = None) -> str:
     """The knob set (:func:`parse_knobs`; ``""``: :data:`KNOBS`) of a call the tuned table names none for, from
     its gate/up grid: ``4 * gate_up_rows / 128`` output tiles per working route (``tokens * top_k``, or with
     the expert-parallel hint, ``num_experts`` local of ``num_global_experts``, the expected local routes, at
@@ -231,10 +235,10 @@ def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: 
     :data:`WIDE_TILES_PER_SM_EP`) and at least 16 batches of 4 units; else :data:`EP_KNOBS` with the hint; else :data:`NARROW_KNOBS` for fewer batches of 8 units than 8
     warps or at least :data:`NARROW_TILES_PER_SM` tiles per SM; else the defaults. ``fp32_scales`` (weights
     :func:`takes_fp32_scales`): the regime's set of :data:`FP32_SCALE_KNOB_SETS` (the regimes are those of the
-    16-bit-scale sets)."""
+    16-bit-scale sets). ``m64_per_block``: the gate/up layout's row blocks (default: :data:`LAYOUT`'s)."""
     ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
     routes = _local_routes(tokens * top_k, top_k, num_experts, num_global_experts)
-    tiles = 4 * (gate_up_rows // (64 * LAYOUT["w13"]["m64_per_block"])) * routes
+    tiles = 4 * (gate_up_rows // (64 * (m64_per_block or LAYOUT["w13"]["m64_per_block"]))) * routes
     units = hidden // 64
 
     def batches_cover_warps(knobs: dict) -> bool:  # at least one load batch of K per warp
@@ -428,10 +432,10 @@ def knob_text(knobs: tuple) -> str:
 
 def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
              activations=("swiglu", "geglu", "relu2", "silu"), knobs: Optional[Iterable[tuple]] = None,
-             biases=(False,)) -> list:
+             biases=(False,), layouts: Iterable = (None,)) -> list:
     """Every spec the provider can select for the given schemes (default: every scheme): the default knob sets
     (:func:`default_knob_sets`), plus the knob sets the tuned table names for that scheme and dtype (``knobs`` given: exactly those), for
-    each bias setting of ``biases``."""
+    each bias setting of ``biases`` and each layout of ``layouts`` (:func:`configs`; None: :data:`LAYOUT`)."""
     from ....formats.schemes import SCHEMES
 
     if schemes is None:
@@ -444,8 +448,8 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
                 knob_items(k) for k in sm90_family.tuned_decode_knob_sets(sch.name, dt)]
             for kn in sets:
                 for act in activations:
-                    for bias in biases:
-                        for cfg in configs(sch, dt, act, kn, bias):
+                    for bias, lay in itertools.product(biases, layouts):
+                        for cfg in configs(sch, dt, act, kn, bias, lay):
                             spec = spec_for(cfg)
                             if spec not in seen:
                                 seen.add(spec)
@@ -453,15 +457,36 @@ def variants(schemes: Optional[Iterable] = None, dtypes=("bf16", "fp16"),
     return out
 
 
-def gpt_oss_variants() -> list:
+def gpt_oss_variants(layouts: Iterable = (None,)) -> list:
     """The decode specs the gpt-oss experts (:data:`..sm90.family.GPT_OSS`: MXFP4, BF16, ``swiglu_oai``,
-    with and without biases) select, with each default knob set (:func:`default_knob_sets`)."""
+    with and without biases) select, with each default knob set (:func:`default_knob_sets`), on ``layouts``."""
     from ....formats.schemes import get_scheme
 
     g = sm90_family.GPT_OSS
     return variants(schemes=[get_scheme(g["scheme"])], dtypes=g["dtypes"], activations=g["activations"],
                     knobs=[knob_items(k) for k in default_knob_sets(takes_fp32_scales(get_scheme(g["scheme"])))],
-                    biases=g["biases"])
+                    biases=g["biases"], layouts=layouts)
+
+
+def budget_layouts() -> list:
+    """The ``layout`` arguments of :func:`configs` a layout budget can ask for (``layout_budget.DECODE_LAYOUTS``:
+    each w13 layout with each w2 layout), :data:`LAYOUT`'s left out."""
+    from ..layout_budget import DECODE_LAYOUTS
+
+    default = ((LAYOUT["w13"]["m64_per_block"], LAYOUT["w13"]["k_tile"]),
+               (LAYOUT["w2"]["m64_per_block"], LAYOUT["w2"]["k_tile"]))
+    return [lay for lay in itertools.product(DECODE_LAYOUTS["w13"], DECODE_LAYOUTS["w2"]) if lay != default]
+
+
+def budget_variants() -> list:
+    """The decode specs of ``W4A16_MOE_LAYOUTS=1|2`` (:func:`budget_layouts`): every scheme, dtype and activation
+    with the default knob sets (the tuned table's knob sets are for every layout kept)."""
+    from ....formats.schemes import SCHEMES
+
+    out = [s for sch in SCHEMES.values() for s in variants(
+        schemes=[sch], knobs=[knob_items(k) for k in default_knob_sets(takes_fp32_scales(sch))],
+        layouts=budget_layouts())]
+    return out + gpt_oss_variants(layouts=budget_layouts())
 
 
 def aot_variants(subset: str) -> list:
@@ -471,7 +496,8 @@ def aot_variants(subset: str) -> list:
 
     if subset == "full":
         out = variants()
-        return out + [s for s in gpt_oss_variants() if s not in set(out)]
+        out += [s for s in gpt_oss_variants() + budget_variants() if s not in set(out)]
+        return list(dict.fromkeys(out))
     if subset == "smoke":
         return variants(schemes=[get_scheme("int4_g32"), get_scheme("int4_g128")], dtypes=("bf16",),
                         activations=("swiglu",))
@@ -531,8 +557,9 @@ class DecodeFamily:
         return shape_reason(call, bias=True, swiglu_oai=True)  # biases and swiglu_oai (any alpha / limit)
 
     def configs(self, scheme, dtype, activation, gated, finalize, tiles, bias=False):
-        """``tiles``: ``{"knobs": knob items}`` (:func:`knob_items`; ``()``: the defaults)."""
-        return configs(scheme, dtype, activation, tiles.get("knobs", ()), bias)
+        """``tiles``: ``{"knobs": knob items}`` (:func:`knob_items`; ``()``: the defaults) and optionally
+        ``"layout"`` (:func:`configs`)."""
+        return configs(scheme, dtype, activation, tiles.get("knobs", ()), bias, tiles.get("layout"))
 
     def spec_for(self, cfg):
         return spec_for(cfg)

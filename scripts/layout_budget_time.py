@@ -1,0 +1,160 @@
+"""Time each call under every ``W4A16_MOE_LAYOUTS`` value (``all``, ``2``, ``1``) in one process: what a layout budget costs.
+
+    # CPU: the specs of every plan the three settings make on those calls, then build them
+    python scripts/layout_budget_time.py specs --layers 384,7168,256,8 --scheme int4_g32 --tokens 1,16,256,4096 \\
+        --out .device/budget_specs.json
+    python -m w4a16_moe aot --archs sm_90a --specs .device/budget_specs.json --out .device/budget -j 2
+    # GPU (carry .device/budget; JIT off)
+    W4A16_MOE_PREBUILT_DIR=.device/budget W4A16_MOE_DISABLE_JIT=1 python scripts/layout_budget_time.py time \\
+        --layers 384,7168,256,8 --scheme int4_g32 --tokens 1,16,256,4096 --json budget.json
+
+Per call, each setting's plan runs on the same weights and inputs (output poisoned with NaN, checked against the
+FP32 reference), then is timed (CUDA graph, ``scripts/sweep_tiles.measure``); the rows are ``explore_tiles.py``'s,
+each result's ``choice`` being ``layouts=<setting>: <plan>``. Plans are made as on the device (``specs``: for an H100
+and an H200, whose tuned tables differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+SETTINGS = ("all", "2", "1")
+
+
+class _Label:
+    """What ``sweep_tiles.measure`` records as the choice."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def label(self) -> str:
+        return self.text
+
+
+def plan_label(p) -> str:
+    tiles = dict(p.tiles)
+    if p.decode:
+        return f"decode {tiles.get('layout', 'default layout')} knobs {tiles.get('knobs')} splits {p.splits}"
+    from w4a16_moe.kernels.cute.sm90.tuned import candidate_name
+
+    return f"{p.family} {candidate_name(tiles)} splits {p.splits}"
+
+
+def calls(args, device):
+    import torch
+
+    from sweep_tiles import parse_layer
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.validate import MoECall
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    for spec in args.layers:
+        e, h, i, k, g = parse_layer(spec)
+        for t in args.tokens:
+            yield spec, (e, h, i, k, g), MoECall(t, k, h, i, e, dtype, device, get_activation(args.activation),
+                                                  args.finalize, 0, args.scheme, global_experts=g)
+
+
+def plans(call, info) -> dict:
+    from w4a16_moe import settings
+    from w4a16_moe.kernels.cute import provider
+
+    out = {}
+    for s in SETTINGS:
+        with settings.override(layouts=s):
+            provider.clear_plans()
+            out[s] = provider.plan(call, info)
+    provider.clear_plans()
+    return out
+
+
+def cmd_specs(args) -> int:
+    import torch
+
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+
+    provider._kernels_available = lambda arch: None  # plan without looking for kernels
+    specs = {}
+    for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        info = DeviceInfo("cuda", gpu, (9, 0), 132)
+        for _, _, call in calls(args, torch.device("cuda")):
+            for p in plans(call, info).values():
+                fam = provider.registry.get(p.family)
+                for cfg in p.configs:
+                    s = fam.spec_for(cfg)
+                    specs[s.name] = s
+    with open(args.out, "w") as f:
+        json.dump([s.to_json() for s in specs.values()], f)
+    print(f"{len(specs)} specs -> {args.out}")
+    return 0
+
+
+def cmd_time(args) -> int:
+    import torch
+
+    from sweep_tiles import measure
+    from w4a16_moe.bench.workloads import SEED, Workload, make_weights
+    from w4a16_moe.device import probe
+    from w4a16_moe.kernels.cute import autotune as at
+    from w4a16_moe.reference import reference_moe
+
+    dev = torch.device("cuda")
+    info = probe(dev)
+    t0 = time.perf_counter()
+    rows, weights, cur = [], None, None
+    for spec, (e, h, i, k, g), call in calls(args, dev):
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"# budget spent: {spec} T={call.tokens} and later rows not measured", flush=True)
+            break
+        if spec != cur:
+            weights = None
+            torch.cuda.empty_cache()
+            wl = Workload(f"budget-{spec}", spec, g or e, e, h, i, k, args.scheme, tuple(args.tokens), args.dtype,
+                          args.activation)
+            weights, cur = make_weights(wl, torch.Generator(device=dev).manual_seed(SEED), dev), spec
+        t = call.tokens
+        x, tw, ids = at._inputs(weights, t, k, call.dtype, seed=2000 + t, global_experts=g)
+        ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
+        res = []
+        for s, p in plans(call, info).items():
+            res.append(measure(x, weights, tw, ids, ref, call, _Label(f"layouts={s}: {plan_label(p)}"), p, None,
+                               kernels=False))
+            print(f"{spec} T={t} {res[-1]['choice'][:90]:90s} {res[-1].get('us', res[-1].get('error'))}", flush=True)
+        rows.append(dict(layer=spec, E=e, E_global=g or e, H=h, I=i, top_k=k, tokens=t, scheme=args.scheme,
+                         dtype=args.dtype, finalize=args.finalize, results=res))
+        with open(args.json, "w") as f:  # after every row: a run cut short keeps what it measured
+            json.dump(dict(device=info.name, sm_count=info.sm_count, rows=rows), f, indent=1)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=("specs", "time"))
+    ap.add_argument("--layers", nargs="+", required=True, help="E,H,I,TOPK[,E_GLOBAL]")
+    ap.add_argument("--tokens", type=lambda s: [int(x) for x in s.split(",")], required=True)
+    ap.add_argument("--scheme", default="int4_g128")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--activation", default="swiglu")
+    ap.add_argument("--finalize", default="deterministic", choices=("deterministic", "fused"))
+    ap.add_argument("--out", help="specs: where the spec list goes")
+    ap.add_argument("--json", help="time: where the rows go")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="time: stop starting rows after this many seconds")
+    args = ap.parse_args(argv)
+    if args.command == "specs":
+        if not args.out:
+            raise SystemExit("specs: --out is required")
+        return cmd_specs(args)
+    if not args.json:
+        raise SystemExit("time: --json is required")
+    return cmd_time(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
