@@ -1,0 +1,54 @@
+"""Replay a layout budget on timed sweeps: per row, the fastest timed choice reading a kept pair over the fastest overall.
+
+    python docs/perf/2026-12-07-layouts/replay.py docs/perf/2026-12-07-k64/held.json ...
+
+Rows are ``explore_tiles.py time --model`` / ``sweep_tiles.py`` rows (every choice timed on one call); the kept pairs
+are ``layout_budget.kept_pairs`` of the row's layer (H100 / H200: 132 SMs). Decode choices are left out (under a
+budget they read the kept SM90 pair, on kernels these sweeps did not time). Prints, per budget, the geometric mean and
+worst of best-kept / best over the rows, and the rows where a kept pair holds no timed choice.
+"""
+
+import json
+import math
+import sys
+
+from w4a16_moe.activations import get_activation
+from w4a16_moe.kernels.cute import layout_budget as lb
+
+
+def main(paths):
+    ratios = {1: [], 2: [], "default": []}
+    missing = {1: 0, 2: 0}
+    for path in paths:
+        data = json.load(open(path))
+        for row in data["rows"]:
+            res = [r for r in row["results"] if "us" in r and not r.get("decode") and r.get("tiles")]
+            if len(res) < 3:
+                continue
+            e, h, i, k = row["E"], row["H"], row["I"], row["top_k"]
+            g = row.get("E_global")
+            g = None if g in (None, e) else g
+            gated = get_activation(row.get("activation", "swiglu")).gated
+            scheme = row["scheme"]
+            best = min(r["us"] for r in res)
+            dflt = [r["us"] for r in res if r.get("default")]
+            if dflt:
+                ratios["default"].append((dflt[0] / best, f"{row['layer']} {scheme} T={row['tokens']}"))
+            for n in (1, 2):
+                keep = lb.kept_pairs(n, e, h, i, scheme, gated, k, g, 132, "auto")
+                kept = [r["us"] for r in res
+                        if lb.pair_of(r["family"], {a: b for a, b in r["tiles"].items()}, h, i, gated, scheme) in keep]
+                if not kept:
+                    missing[n] += 1
+                    continue
+                ratios[n].append((min(kept) / best, f"{row['layer']} {scheme} T={row['tokens']}"))
+    for n in ("default", 1, 2):
+        r = ratios[n]
+        gm = math.exp(sum(math.log(x) for x, _ in r) / len(r))
+        worst = sorted(r, reverse=True)[:3]
+        print(f"{'the sweep default' if n == 'default' else f'W4A16_MOE_LAYOUTS={n}'}: {len(r)} rows, best kept / best {gm:.3f} (geomean), worst "
+              + ", ".join(f"{x:.2f} ({w})" for x, w in worst) + f"; {missing.get(n, 0)} rows without a kept choice timed")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
