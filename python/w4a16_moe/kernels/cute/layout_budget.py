@@ -204,6 +204,9 @@ def restricted_choice(call, info, keep: tuple, routes: int) -> tuple:
     h, i, gated, scheme = call.hidden, call.intermediate, call.activation.gated, call.scheme
     cands = {name: ft for name, ft in _candidates(h, i, gated, scheme).items()
              if pair_of(*ft, h, i, gated, scheme) in keep}
+    if not cands:
+        raise RuntimeError(f"W4A16_MOE_LAYOUTS={settings.get().layouts}: no choice reads the kept pairs "
+                           f"{', '.join(map(str, keep))} of this layer (E={call.experts}, H={h}, I={i}, {scheme})")
     if not sm90._fp4(scheme):
         sizes = {name: pair_of(f, t, h, i, gated, scheme).sizes for name, (f, t) in cands.items()}
         got = cost_model.best(cands, routes, call.experts, h, i, gated, getattr(call, "top_k", None),

@@ -416,7 +416,8 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
         knobs = force.decode_knobs
         note = "forced knobs"
     else:
-        text = smod.decode_knobs(call.tokens, *key)
+        # (the tuned table's knob sets are built on the decode kernels' default layouts only)
+        text = smod.decode_knobs(call.tokens, *key) if pair is None or _default_decode_layout(pair) else None
         if text is None:  # no tuned knob set for the layer: the default set of its regime
             text = dmod.default_knobs(call.tokens, call.top_k, call.hidden, n13, info.sms,
                                       call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch),
@@ -435,6 +436,13 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
             note += f", cost model: re-read {reread:.2f}x, {mb:.0f} MB streamed"
         note += _ep_note(call) + _budget_note(call, info)
     return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note), ""
+
+
+def _default_decode_layout(pair) -> bool:
+    """Whether a kept pair (:mod:`.layout_budget`) has the layouts the decode kernels read without a budget."""
+    from .decode.family import LAYOUT
+
+    return all(pair.geometry(w) == (LAYOUT[w]["m64_per_block"], LAYOUT[w]["k_tile"]) for w in ("w13", "w2"))
 
 
 def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, info: DeviceInfo, knobs: tuple,
