@@ -2,6 +2,7 @@
 
     python scripts/layout_memory.py                       # the benchmark presets, H200 plans up to 8192 tokens
     python scripts/layout_memory.py --layers 384,7168,256,8 --scheme int4_g32 --max-tokens 512 --gpu "NVIDIA H100 80GB HBM3"
+    W4A16_MOE_LAYOUTS=2 python scripts/layout_memory.py   # under a layout budget (kernels/cute/layout_budget.py)
 
 For each layer it plans the calls ``w4a16_moe.warmup`` plans (``provider.warmup_plans``: 1..256 tokens, then powers of
 two up to ``--max-tokens`` and the tuned table's counts; both finalize modes, and the expert-parallel halves of the
