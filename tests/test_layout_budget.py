@@ -166,6 +166,8 @@ GPU_SCHEMES = ["int4_g32", "int4_g128", "int4_g64_zp", "int4_channel", "nvfp4", 
 GPU_LAYER = (16, 1024, 512)  # E, H, I
 GPU_TOKENS = (1, 3, 40, 300)
 DECODE_SCHEMES = ["int4_g32", "int4_g128", "mxfp4"]
+#: the layouts a budget keeps for the decode kernels, and others they can read (x2 / x8 row blocks for w2)
+DECODE_TEST_LAYOUTS = dec.budget_layouts() + [((2, 128), (2, 64)), ((4, 64), (8, 64))]
 
 
 def _pair_for(layout, h, i) -> "lb.Pair":
@@ -195,7 +197,7 @@ def needed_specs() -> list:
                     out.update({fam.spec_for(c).name: fam.spec_for(c) for c in p.configs})
         from w4a16_moe.formats.schemes import get_scheme
 
-        for layout in dec.budget_layouts():
+        for layout in DECODE_TEST_LAYOUTS:
             for scheme in DECODE_SCHEMES:
                 sch = get_scheme(scheme)
                 for knobs in dec.default_knob_sets(dec.takes_fp32_scales(sch)):
@@ -232,14 +234,15 @@ def test_budget_calls_match_the_reference(scheme, budget, monkeypatch):
 @pytest.mark.skipif(not SM90, reason="needs an SM90 GPU")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scheme", DECODE_SCHEMES)
-@pytest.mark.parametrize("layout", dec.budget_layouts(), ids=lambda v: "w13x{}k{}-w2x{}k{}".format(*v[0], *v[1]))
+@pytest.mark.parametrize("layout", DECODE_TEST_LAYOUTS, ids=lambda v: "w13x{}k{}-w2x{}k{}".format(*v[0], *v[1]))
 def test_decode_kernels_on_budget_layouts(layout, scheme, dtype, monkeypatch):
     """The decode kernels reading each layout pair a budget can keep (forced: ``W4A16_MOE_CUTE_DECODE=1``), EP
     offsets with invalid routes included."""
     monkeypatch.setenv("W4A16_MOE_CUTE_DECODE", "1")
-    monkeypatch.setenv("W4A16_MOE_LAYOUTS", "1")
+    monkeypatch.setenv("W4A16_MOE_LAYOUTS", "2")
     e, h, i = GPU_LAYER
-    monkeypatch.setattr(lb, "kept", lambda call, info: (_pair_for(layout, h, i),))
+    grouped = _pair_for(((4, 64), (4, 64)), h, i)  # the grouped choices' pair (plans choose tiles first)
+    monkeypatch.setattr(lb, "kept", lambda call, info: (_pair_for(layout, h, i), grouped))
     prov.clear_plans()
     w = random_weights(scheme, e, h, i, dtype=dtype, device="cuda", seed=4)
 

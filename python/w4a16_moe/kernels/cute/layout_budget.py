@@ -35,8 +35,10 @@ __all__ = ["Pair", "DECODE_LAYOUTS", "budget", "pair_of", "plan_pair", "kept_pai
            "restricted_choice", "decode_pair", "route_grid"]
 
 #: the SM90 layouts ``(m64_per_block, k_tile)`` the decode kernels are built for, per matrix (the AOT set has their
-#: default knob sets on each): the first of each is the layout they read with every layout kept
-DECODE_LAYOUTS = {"w13": ((2, 128), (4, 64), (8, 64)), "w2": ((4, 64), (2, 64), (8, 64))}
+#: default knob sets on each): the first of each is the layout they read with every layout kept. H100, one token
+#: (docs/perf/2026-12-07-layouts): gate/up on x4 K64 took about 1 us more than on x2 K128, down on x2 K64 or
+#: x8 K64 2-6 us more than on x4 K64, so the kept SM90 pair reads w2 in x4 K64
+DECODE_LAYOUTS = {"w13": ((2, 128), (4, 64)), "w2": ((4, 64),)}
 #: the token counts the pairs are priced over (times top-k: the routes; masked calls: routes up to 8 x this)
 MAX_TOKENS = 8192
 

@@ -420,8 +420,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
         text = smod.decode_knobs(call.tokens, *key) if pair is None or _default_decode_layout(pair) else None
         if text is None:  # no tuned knob set for the layer: the default set of its regime
             text = dmod.default_knobs(call.tokens, call.top_k, call.hidden, n13, info.sms,
-                                      call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch),
-                                      m64_per_block=pair.geometry("w13")[0] if pair else None)
+                                      call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch))
             note = f"default knobs {text}" if text else "default knobs"
         else:
             note = f"knobs {text}" if text else "default knobs"

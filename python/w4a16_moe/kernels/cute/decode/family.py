@@ -227,7 +227,7 @@ def _local_routes(routes: int, top_k: int, num_experts: Optional[int], num_globa
 
 def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: int,
                   num_experts: Optional[int] = None, num_global_experts: Optional[int] = None,
-                  fp32_scales: bool = False, m64_per_block: Optional[int] = None) -> str:
+                  fp32_scales: bool = False) -> str:
     """The knob set (:func:`parse_knobs`; ``""``: :data:`KNOBS`) of a call the tuned table names none for, from
     its gate/up grid: ``4 * gate_up_rows / 128`` output tiles per working route (``tokens * top_k``, or with
     the expert-parallel hint, ``num_experts`` local of ``num_global_experts``, the expected local routes, at
@@ -235,10 +235,12 @@ def default_knobs(tokens: int, top_k: int, hidden: int, gate_up_rows: int, sms: 
     :data:`WIDE_TILES_PER_SM_EP`) and at least 16 batches of 4 units; else :data:`EP_KNOBS` with the hint; else :data:`NARROW_KNOBS` for fewer batches of 8 units than 8
     warps or at least :data:`NARROW_TILES_PER_SM` tiles per SM; else the defaults. ``fp32_scales`` (weights
     :func:`takes_fp32_scales`): the regime's set of :data:`FP32_SCALE_KNOB_SETS` (the regimes are those of the
-    16-bit-scale sets). ``m64_per_block``: the gate/up layout's row blocks (default: :data:`LAYOUT`'s)."""
+    16-bit-scale sets). The tiles are counted in :data:`LAYOUT`'s row blocks whatever layout a budget keeps (H100,
+    docs/perf/2026-12-07-layouts: counted in x4 row blocks, 4 tokens of ``160,5120,192,8`` took the 16-warp set at
+    1.58 x the time of the default layout's 4-warp set)."""
     ep = bool(num_experts and num_global_experts and num_global_experts > num_experts)
     routes = _local_routes(tokens * top_k, top_k, num_experts, num_global_experts)
-    tiles = 4 * (gate_up_rows // (64 * (m64_per_block or LAYOUT["w13"]["m64_per_block"]))) * routes
+    tiles = 4 * (gate_up_rows // (64 * LAYOUT["w13"]["m64_per_block"])) * routes
     units = hidden // 64
 
     def batches_cover_warps(knobs: dict) -> bool:  # at least one load batch of K per warp
