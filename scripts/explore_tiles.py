@@ -150,6 +150,33 @@ def calls(layers: list, tokens: list, args, device):
                                                   args.finalize, 0, args.scheme, global_experts=g)
 
 
+def timed_calls(args, device, label: str):
+    """Yield ``(spec, (e, h, i, k, g), call, (x, tw, ids), ref)`` for each call of ``args.layers`` x ``args.tokens``
+    on ``device``: one layer's weights at a time (the benchmark's data, workload ``<label>-<spec>``), fresh inputs per
+    call and their FP32 reference. Starts no call after ``args.budget_s`` seconds."""
+    import torch
+
+    from w4a16_moe.bench.workloads import SEED, Workload, make_weights
+    from w4a16_moe.kernels.cute import autotune as at
+    from w4a16_moe.reference import reference_moe
+
+    t0 = time.perf_counter()
+    weights, cur = None, None
+    for spec, (e, h, i, k, g), call in calls(args.layers, args.tokens, args, device):
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"# budget spent: {spec} T={call.tokens} and later rows not measured", flush=True)
+            return
+        if spec != cur:
+            weights = None
+            torch.cuda.empty_cache()
+            wl = Workload(f"{label}-{spec}", spec, g or e, e, h, i, k, args.scheme, tuple(args.tokens), args.dtype,
+                          args.activation)
+            weights, cur = make_weights(wl, torch.Generator(device=device).manual_seed(SEED), device), spec
+        x, tw, ids = at._inputs(weights, call.tokens, k, call.dtype, seed=2000 + call.tokens, global_experts=g)
+        ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
+        yield spec, (e, h, i, k, g), call, weights, (x, tw, ids), ref
+
+
 def cmd_specs(args, names) -> int:
     import torch
 
@@ -181,29 +208,15 @@ def cmd_time(args, names) -> int:
     import torch
 
     from sweep_tiles import measure
-    from w4a16_moe.bench.workloads import SEED, Workload, make_weights
     from w4a16_moe.device import probe
     from w4a16_moe.kernels.cute import autotune as at
     from w4a16_moe.kernels.cute import choice_plan
-    from w4a16_moe.reference import reference_moe
 
     dev = torch.device("cuda")
     info = probe(dev)
-    t0 = time.perf_counter()
-    rows, weights, cur = [], None, None
-    for spec, (e, h, i, k, g), call in calls(args.layers, args.tokens, args, dev):
-        if time.perf_counter() - t0 > args.budget_s:
-            print(f"# budget spent: {spec} T={call.tokens} and later rows not measured", flush=True)
-            break
-        if spec != cur:
-            weights = None
-            torch.cuda.empty_cache()
-            wl = Workload(f"explore-{spec}", spec, g or e, e, h, i, k, args.scheme, tuple(args.tokens), args.dtype,
-                          args.activation)
-            weights, cur = make_weights(wl, torch.Generator(device=dev).manual_seed(SEED), dev), spec
+    rows = []
+    for spec, (e, h, i, k, g), call, weights, (x, tw, ids), ref in timed_calls(args, dev, "explore"):
         t = call.tokens
-        x, tw, ids = at._inputs(weights, t, k, call.dtype, seed=2000 + t, global_experts=g)
-        ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
         default = at._default_choice(call, info)
         res = []
         choices = [default] + [c for c in row_choices(call, names, args.splits) if c != default]

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -46,21 +45,6 @@ def plan_label(p) -> str:
     return f"{p.family} {candidate_name(tiles)} splits {p.splits}"
 
 
-def calls(args, device):
-    import torch
-
-    from sweep_tiles import parse_layer
-    from w4a16_moe.activations import get_activation
-    from w4a16_moe.validate import MoECall
-
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    for spec in args.layers:
-        e, h, i, k, g = parse_layer(spec)
-        for t in args.tokens:
-            yield spec, (e, h, i, k, g), MoECall(t, k, h, i, e, dtype, device, get_activation(args.activation),
-                                                  args.finalize, 0, args.scheme, global_experts=g)
-
-
 def plans(call, info) -> dict:
     from w4a16_moe import settings
     from w4a16_moe.kernels.cute import provider
@@ -77,6 +61,7 @@ def plans(call, info) -> dict:
 def cmd_specs(args) -> int:
     import torch
 
+    from explore_tiles import calls
     from w4a16_moe.device import DeviceInfo
     from w4a16_moe.kernels.cute import provider
 
@@ -84,7 +69,7 @@ def cmd_specs(args) -> int:
     specs = {}
     for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         info = DeviceInfo("cuda", gpu, (9, 0), 132)
-        for _, _, call in calls(args, torch.device("cuda")):
+        for _, _, call in calls(args.layers, args.tokens, args, torch.device("cuda")):
             for p in plans(call, info).values():
                 fam = provider.registry.get(p.family)
                 for cfg in p.configs:
@@ -99,29 +84,15 @@ def cmd_specs(args) -> int:
 def cmd_time(args) -> int:
     import torch
 
+    from explore_tiles import timed_calls
     from sweep_tiles import measure
-    from w4a16_moe.bench.workloads import SEED, Workload, make_weights
     from w4a16_moe.device import probe
-    from w4a16_moe.kernels.cute import autotune as at
-    from w4a16_moe.reference import reference_moe
 
     dev = torch.device("cuda")
     info = probe(dev)
-    t0 = time.perf_counter()
-    rows, weights, cur = [], None, None
-    for spec, (e, h, i, k, g), call in calls(args, dev):
-        if time.perf_counter() - t0 > args.budget_s:
-            print(f"# budget spent: {spec} T={call.tokens} and later rows not measured", flush=True)
-            break
-        if spec != cur:
-            weights = None
-            torch.cuda.empty_cache()
-            wl = Workload(f"budget-{spec}", spec, g or e, e, h, i, k, args.scheme, tuple(args.tokens), args.dtype,
-                          args.activation)
-            weights, cur = make_weights(wl, torch.Generator(device=dev).manual_seed(SEED), dev), spec
+    rows = []
+    for spec, (e, h, i, k, g), call, weights, (x, tw, ids), ref in timed_calls(args, dev, "budget"):
         t = call.tokens
-        x, tw, ids = at._inputs(weights, t, k, call.dtype, seed=2000 + t, global_experts=g)
-        ref = reference_moe(x, weights, tw, ids, activation=call.activation.name)
         res = []
         for s, p in plans(call, info).items():
             res.append(measure(x, weights, tw, ids, ref, call, _Label(f"layouts={s}: {plan_label(p)}"), p, None,

@@ -61,6 +61,11 @@ class Pair:
         parts = (self.w13 if which == "w13" else self.w2).split(":")
         return int(parts[2][1:]), int(parts[3][1:])
 
+    @property
+    def decode_layout(self) -> tuple:
+        """Both SM90 layouts as the decode kernels' ``layout`` (``((X, BK) of w13, (X, BK) of w2)``)."""
+        return self.geometry("w13"), self.geometry("w2")
+
     def __str__(self) -> str:
         strip = lambda k: ":".join(k.split(":")[2:]).rstrip(":")  # noqa: E731
         return f"{self.w13.split(':')[0][5:]} {strip(self.w13)}/{strip(self.w2)} at {self.sizes[0]}x{self.sizes[1]}"
@@ -92,8 +97,7 @@ def _pair(family: str, tiles_items: tuple, hidden: int, intermediate: int, gated
 
 def pair_of(family: str, tiles: dict, hidden: int, intermediate: int, gated: bool, scheme: str) -> Pair:
     """The :class:`Pair` a grouped choice (``family``'s ``tiles``) reads on a layer."""
-    keep = {k: v for k, v in tiles.items() if k not in ("tile_loop", "pdl")}  # launch details, same layout
-    return _pair(family, tuple(sorted(keep.items())), hidden, intermediate, gated, scheme)
+    return _pair(family, tuple(sorted(tiles.items())), hidden, intermediate, gated, scheme)
 
 
 def plan_pair(p, call) -> Pair:
@@ -131,7 +135,9 @@ def _candidates(hidden: int, intermediate: int, gated: bool, scheme: str) -> dic
 @functools.lru_cache(maxsize=1024)
 def kept_pairs(n: int, experts: int, hidden: int, intermediate: int, scheme: str, gated: bool,
                top_k: Optional[int], global_experts: Optional[int], sm_count: int, cute_family: str) -> tuple:
-    """The ``n`` (1 or 2) :class:`Pair` s a layer keeps (see the module docstring), the SM90 pair first."""
+    """The ``n`` (1 or 2) :class:`Pair` s a layer keeps (see the module docstring), the SM90 pair first.
+    ``cute_family`` (``W4A16_MOE_CUTE_FAMILY``, which decides whether the model's pool has the warp family's tiles)
+    only keys the cache."""
     from . import cost_model
     from .sm90 import family as sm90
 

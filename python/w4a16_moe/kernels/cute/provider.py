@@ -417,7 +417,8 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
         note = "forced knobs"
     else:
         # (the tuned table's knob sets are built on the decode kernels' default layouts only)
-        text = smod.decode_knobs(call.tokens, *key) if pair is None or _default_decode_layout(pair) else None
+        on_default = pair is None or pair.decode_layout == dmod.DEFAULT_LAYOUT
+        text = smod.decode_knobs(call.tokens, *key) if on_default else None
         if text is None:  # no tuned knob set for the layer: the default set of its regime
             text = dmod.default_knobs(call.tokens, call.top_k, call.hidden, n13, info.sms,
                                       call.experts, call.global_experts, fp32_scales=dmod.takes_fp32_scales(sch))
@@ -437,13 +438,6 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
     return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note), ""
 
 
-def _default_decode_layout(pair) -> bool:
-    """Whether a kept pair (:mod:`.layout_budget`) has the layouts the decode kernels read without a budget."""
-    from .decode.family import LAYOUT
-
-    return all(pair.geometry(w) == (LAYOUT[w]["m64_per_block"], LAYOUT[w]["k_tile"]) for w in ("w13", "w2"))
-
-
 def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, info: DeviceInfo, knobs: tuple,
                     note: str) -> Plan:
     """The decode plan of ``call`` with knob items ``knobs``: its configs, and the K split of each kernel
@@ -452,7 +446,7 @@ def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, i
     tiles = {"knobs": knobs}
     _, pair = layout_budget.decode_pair(call, info)
     if pair is not None:  # a layout budget: the kept SM90 pair's layouts, at its padded sizes
-        tiles["layout"] = (pair.geometry("w13"), pair.geometry("w2"))
+        tiles["layout"] = pair.decode_layout
     up, down = dec.configs(sch, dt, call.activation.name, call.activation.gated, call.finalize, tiles,
                            bias=call.has_bias)
     hp, ip, n13 = _padded(dec, up, down, call, sch)

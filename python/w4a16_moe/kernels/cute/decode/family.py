@@ -40,7 +40,7 @@ from ..sm90 import family as sm90_family
 from ..sm90.family import group_param  # the decode kernels read the SM90 layout: same group convention
 from ..tiles import expected_local
 
-__all__ = ["FAMILY", "ARCHS", "LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
+__all__ = ["FAMILY", "ARCHS", "LAYOUT", "DEFAULT_LAYOUT", "spec_for", "config_from_spec", "configs", "num_parts", "use_decode",
            "expected_experts", "reread_factor", "MAX_REREAD", "MAX_REREAD_FP4", "DECODE_MAX_WEIGHT_BYTES", "streamed_bytes", "decode_refusal", "variants", "aot_variants", "DECODE_MAX_ROUTES", "MAX_GRID_Y",
            "parse_knobs", "knob_items", "knob_text", "default_knobs", "default_knob_sets", "WIDE_KNOBS", "WIDE_TILES_PER_SM_EP", "EP_KNOBS", "NARROW_KNOBS", "NARROW_TILES_PER_SM", "forced_splits", "tile_ctas", "num_splits", "scratch_sizes", "SPLIT_WAVES",
            "MIN_UNITS_PER_WARP", "MAX_SPLITS", "SPLIT_CTA_WARPS"]
@@ -96,6 +96,8 @@ MAX_SPLITS = 16
 #: the packed layouts the decode kernels read (w13, w2): those of the WGMMA family's decode tile
 #: (``sm90.family.CANDIDATES[9]``), so both paths share one packed copy of each matrix
 LAYOUT = {"w13": dict(m64_per_block=2, k_tile=128), "w2": dict(m64_per_block=4, k_tile=64)}
+#: :data:`LAYOUT` as the ``layout`` argument of :func:`configs`: ``((X, BK) of w13, (X, BK) of w2)``
+DEFAULT_LAYOUT = tuple((LAYOUT[w]["m64_per_block"], LAYOUT[w]["k_tile"]) for w in ("w13", "w2"))
 #: per-mode codegen knobs (warps per CTA, k64 units per load batch)
 #: (the H200 sweep at revision 2cae0a5+: w8u8/w8u4 is within 8% of the best set at 1-16 tokens of W1 and
 #: 1-8 tokens of W2; the tuned table names the best set per row)
@@ -475,9 +477,7 @@ def budget_layouts() -> list:
     each w13 layout with each w2 layout), :data:`LAYOUT`'s left out."""
     from ..layout_budget import DECODE_LAYOUTS
 
-    default = ((LAYOUT["w13"]["m64_per_block"], LAYOUT["w13"]["k_tile"]),
-               (LAYOUT["w2"]["m64_per_block"], LAYOUT["w2"]["k_tile"]))
-    return [lay for lay in itertools.product(DECODE_LAYOUTS["w13"], DECODE_LAYOUTS["w2"]) if lay != default]
+    return [lay for lay in itertools.product(DECODE_LAYOUTS["w13"], DECODE_LAYOUTS["w2"]) if lay != DEFAULT_LAYOUT]
 
 
 def budget_variants() -> list:
