@@ -66,9 +66,25 @@ def _rule_plan_ok(p, r, finalize):
     """A grouped plan no tuned row decided: the current rule's family and tiles (the cost model for INT4), that
     family's split-K rule."""
     L = REC["layers"][r["layer"]]
-    want_family, want_tiles, _ = fam.rule_choice(r["tokens"] * L["k"], L["e"], L["k"], None, L["scheme"], L["h"],
-                                                 L["i"], True, 132)
+    t = _decided_at(p, r["tokens"])
+    want_family, want_tiles, _ = fam.rule_choice(t * L["k"], L["e"], L["k"], None, L["scheme"], L["h"], L["i"], True,
+                                                 132)
     return p.family == want_family and dict(p.tiles) == want_tiles and p.splits == _split_rule(p, r)
+
+
+def _decided_at(p, tokens: int) -> int:
+    """The selection-grid count whose decision plan ``p`` of ``tokens`` tokens runs (:func:`.tiles.selection_points`:
+    the count itself up to 256 tokens and on the grid, else the point its note names, one of the two around it)."""
+    import re
+
+    from w4a16_moe.kernels.cute.tiles import selection_points
+
+    points = selection_points(tokens)
+    if len(points) == 1:
+        return tokens
+    m = re.search(r"decided at T=(\d+) \(selection grid (\d+) / (\d+)\)", p.note)
+    assert m and tuple(map(int, m.groups()[1:])) == points and int(m.group(1)) in points, (tokens, p.note)
+    return int(m.group(1))
 
 
 def _untuned(p) -> bool:
@@ -160,6 +176,11 @@ def test_routed_plans_match_the_recorded_choices(finalize):
     for r in ROUTED:
         p = provider.plan(_routed(r["layer"], r["tokens"], finalize), _info(r["layer"]))
         where = (r["layer"], r["tokens"], finalize)
+        t = _decided_at(p, r["tokens"])
+        if t != r["tokens"]:  # between two points of the selection grid: the kernels of one point's plan
+            q = provider.plan(_routed(r["layer"], t, finalize), _info(r["layer"]))
+            assert (p.family, p.tiles, p.configs, p.pad) == (q.family, q.tiles, q.configs, q.pad), where
+            continue
         assert p.decode == _decode_expected(r), where
         if p.decode:
             assert [c.name() for c in p.configs] == _decode_configs_expected(r), where
@@ -189,6 +210,11 @@ def test_routes_only_plans_never_decode():
         call = MoECall(**{**call.__dict__, "routes_only": True})
         p = provider.plan(call, _info(r["layer"]))
         assert not p.decode, (r["layer"], r["tokens"])
+        t = _decided_at(p, r["tokens"])
+        if t != r["tokens"]:  # between two points of the selection grid: the kernels of one point's plan
+            q = provider.plan(MoECall(**{**call.__dict__, "tokens": t}), _info(r["layer"]))
+            assert (p.family, p.tiles, p.configs) == (q.family, q.tiles, q.configs), (r["layer"], r["tokens"])
+            continue
         if _untuned(p):
             assert _rule_plan_ok(p, r, "deterministic"), (r["layer"], r["tokens"])
             continue

@@ -339,7 +339,9 @@ def test_layout_memory_packs_what_the_plans_read(monkeypatch):
         return sorted({t for t, _ in provider.warmup_plans(info, 8, 512, 256, "int4_g128", torch.bfloat16,
                                                             torch.device("cuda"), "swiglu", 8, max_tokens)})
 
-    assert counts(300) == [*range(1, 257), 300] and counts(1024)[-3:] == [256, 512, 1024]
+    # every count to 256, then the selection grid's 16 points per octave through the first at or past max_tokens
+    assert counts(300) == [*range(1, 257), 272, 288, 300, 304]
+    assert counts(1024)[-4:] == [928, 960, 992, 1024] and len(counts(1024)) == 256 + 16 + 16
     w, canonical = mod.layer_layouts(8, 512, 256, 8, "int4_g128", max_tokens=64, info=info)
     provider.clear_plans()
     held = w.packed_nbytes()

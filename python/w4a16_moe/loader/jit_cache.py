@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -87,8 +88,20 @@ def source_checkout_root() -> Optional[Path]:
     """The checkout root if the package runs from a source checkout of w4a16-moe, else None."""
     root = _package_dir().parent.parent
     pp = root / "pyproject.toml"
-    if not pp.is_file():
+    try:
+        st = pp.stat()
+    except OSError:
         return None
+    return root if _is_project_file(str(pp), st.st_mtime_ns, st.st_size) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _is_project_file(path: str, _mtime_ns: int, _size: int) -> bool:
+    """Whether the pyproject.toml at ``path`` names the w4a16-moe project (read once per version of the file: every
+    plan looks up the autotune store, whose directory depends on it)."""
+    pp = Path(path)
+    if not pp.is_file():
+        return False
     try:
         text = pp.read_text()
         try:
@@ -99,8 +112,8 @@ def source_checkout_root() -> Optional[Path]:
             m = re.search(r'(?m)^\s*name\s*=\s*["\']([^"\']+)["\']', text)
             name = m.group(1) if m else ""
     except OSError:
-        return None
-    return root if re.sub(r"[-_.]+", "-", name).lower() == "w4a16-moe" else None
+        return False
+    return re.sub(r"[-_.]+", "-", name).lower() == "w4a16-moe"
 
 
 def cache_dir() -> Path:

@@ -24,32 +24,34 @@ __all__ = ["autotuned_plan", "plan_of_choice"]
 
 
 
-def autotuned_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> Optional[Plan]:
+def autotuned_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo, sel=None) -> Optional[Plan]:
     """The plan of the autotune store's row for this layer and token count (:mod:`.autotune_store`), or
-    None: no row, overrides active, ``W4A16_MOE_CUTE_DECODE=1``, or the row's choice cannot run here."""
+    None: no row, overrides active, ``W4A16_MOE_CUTE_DECODE=1``, or the row's choice cannot run here. ``sel``: the
+    call at the selection-grid count whose row it runs (:func:`.provider._routed_plan`; default: the call)."""
     from . import autotune_store as store
 
     if overrides.current().any or settings.get().cute_decode == "1":
         return None
     key = store.LayerKey(info.name, call.experts, call.hidden, call.intermediate, call.scheme, dt, call.top_k,
                          call.activation.name, call.finalize, call.global_experts, settings.get().layouts)
-    hit = store.lookup(key, call.tokens)
+    hit = store.lookup(key, (sel or call).tokens)
     if hit is None:
         return None
     row, path = hit
     note = f"autotuned row T={row.tokens}{'' if row.complete else ' (partial)'}, {os.path.basename(path)}"
     for choice in (row.best, row.grouped):
-        p = None if choice is None else plan_of_choice(call, info, choice, note, base=base, scheme=sch)
+        p = None if choice is None else plan_of_choice(call, info, choice, note, base=base, scheme=sch, sel=sel)
         if p is not None:
             return p
     return None
 
 
 def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Optional[KernelFamily] = None,
-                   scheme=None) -> Optional[Plan]:
+                   scheme=None, sel=None) -> Optional[Plan]:
     """The plan of routed ``call`` running ``choice`` (:class:`.autotune_store.Choice`: the autotuner's
     candidates and stored rows), or None when the choice cannot run it here (family not allowed on the
-    device, decode path off for this call, unknown candidate, grid too large)."""
+    device, decode path off for this call, unknown candidate, grid too large). ``sel``: the call at the
+    selection-grid count that decides the tile loop (default: the call)."""
     from ...formats.schemes import get_scheme
     from . import autotune_store as store
 
@@ -76,4 +78,4 @@ def plan_of_choice(call, info: DeviceInfo, choice, note: str = "", *, base: Opti
     fam = registry.get(choice.family)
     if _max_tiles(call.tokens * call.top_k, call.experts, tiles["tokens_per_tile"]) > fam.max_grid_y:
         return None
-    return _routed_grouped_plan(base, fam, call, sch, dt, info, dict(tiles), choice.splits, note)
+    return _routed_grouped_plan(base, fam, call, sch, dt, info, dict(tiles), choice.splits, note, sel=sel)

@@ -53,6 +53,7 @@ call :func:`w4a16_moe.warmup` before capturing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 from typing import Optional
@@ -63,6 +64,7 @@ from ... import settings
 from ...device import DeviceInfo
 from ...plan import Plan
 from . import layout_budget, overrides, registry
+from . import tiles as tiles_rule
 from .registry import KernelFamily
 
 __all__ = ["CuteProvider", "PROVIDER", "unavailable_reason", "cute_fused_moe", "cute_fused_moe_masked",
@@ -231,7 +233,31 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         sd = 1 if inv else base.num_splits(hp, ip, down, r, e, sm, arch=a)
         return _grouped_plan(base, info, tiles, up, down, su, sd, max_tiles, n13, hp, "masked" + _budget_note(call, info),
                              pad=_pad_field(call, hp, ip)), None
-    fam, tiles, splits = _grouped_choice(base, call, dt, info)
+    points = tiles_rule.selection_points(call.tokens)
+    if len(points) == 1:
+        return _routed_plan(base, call, call, sch, dt, info)
+    # between two points of the selection grid: the decision of one of them, the one the cost model prices faster at
+    # this count (the lower one where it prices neither), so that warmup's plans of the grid hold every kernel and
+    # layout this call can run (:func:`.tiles.selection_points`)
+    got = [(_routed_plan(base, call, dataclasses.replace(call, tokens=t), sch, dt, info), t) for t in points]
+    ok = [(p, t) for (p, _), t in got if p is not None]
+    if not ok:
+        return got[0][0]
+    priced = [(_predicted_us(p, call, info), t, p) for p, t in ok]
+    if len(ok) == 2 and all(us is not None for us, _, _ in priced):
+        _, t, p = min(priced, key=lambda x: (x[0], x[1]))
+    else:
+        p, t = ok[0]
+    return dataclasses.replace(p, note=f"{p.note}, decided at T={t} (selection grid {points[0]} / {points[1]})"), None
+
+
+def _routed_plan(base: KernelFamily, call, sel, sch, dt: str, info: DeviceInfo) -> tuple:
+    """``(plan or None, why)`` of routed ``call`` running the decision of ``sel``, the same call at a token count of
+    the selection grid (:func:`.tiles.selection_points`; ``call`` itself on it): family, tiles, split-K (tuned rows),
+    the decode path and its knobs, the tile loop are decided at ``sel``; the launch (grid, split-K rule, scratch) is
+    ``call``'s."""
+    e = call.experts
+    fam, tiles, splits = _grouped_choice(base, sel, dt, info)
     r = call.tokens * call.top_k
     if _max_tiles(r, e, tiles["tokens_per_tile"]) > fam.max_grid_y:
         return None, f"{call.tokens} tokens x top-{call.top_k} exceed one launch's grid (provider cute)"
@@ -240,14 +266,27 @@ def _make_plan(call, info: DeviceInfo) -> tuple:
         return None, why
     from .choice_plan import autotuned_plan
 
-    auto = autotuned_plan(base, call, sch, dt, info)
+    auto = autotuned_plan(base, call, sch, dt, info, sel=sel)
     if auto is not None and layout_budget.allows(auto, call, info):
         return auto, None
-    dec, why_not_decode = _decode_plan(base, call, sch, dt, info)
+    dec, why_not_decode = _decode_plan(base, call, sch, dt, info, sel=sel)
     if dec is not None:
         return dec, None
-    note = "forced" if overrides.current().candidate is not None else _table_note(base, call, dt, info, why_not_decode)
-    return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note + _budget_note(call, info)), None
+    note = "forced" if overrides.current().candidate is not None else _table_note(base, sel, dt, info, why_not_decode)
+    return _routed_grouped_plan(base, fam, call, sch, dt, info, tiles, splits, note + _budget_note(call, info),
+                                sel=sel), None
+
+
+def _predicted_us(p: Plan, call, info: DeviceInfo) -> Optional[float]:
+    """The cost model's time of grouped plan ``p``'s choice on ``call`` (None: decode, or a choice it does not price)."""
+    if p.decode:
+        return None
+    from . import cost_model
+    from .sm90.tuned import candidate_name
+
+    hp, ip = p.pad or (call.hidden, call.intermediate)
+    return cost_model.predict_us(f"{p.family} {candidate_name(dict(p.tiles))}", call.tokens * call.top_k, call.experts,
+                                 hp, ip, call.activation.gated, call.top_k, call.global_experts, info.sms)
 
 
 def _budget_note(call, info: DeviceInfo) -> str:
@@ -295,14 +334,17 @@ def _ep_note(call) -> str:
     return f", EP hint: {call.experts} of {g} experts, ~{r:.1f} local routes on ~{d:.1f} experts"
 
 
-def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str) -> Plan:
-    """The grouped-GEMM plan of a routed call with ``tiles`` of ``fam`` and ``splits`` (None: the rule)."""
+def _routed_grouped_plan(base, fam, call, sch, dt: str, info: DeviceInfo, tiles: dict, splits, note: str,
+                         sel=None) -> Plan:
+    """The grouped-GEMM plan of a routed call with ``tiles`` of ``fam`` and ``splits`` (None: the rule); whether its
+    kernels loop over token tiles is decided at ``sel``'s token count (:func:`_routed_plan`; default: the call's)."""
     act = call.activation
     e = call.experts
     r = call.tokens * call.top_k
     g, k = call.global_experts, call.top_k
     max_tiles = _max_tiles(r, e, tiles["tokens_per_tile"])
-    grid_tiles = _tile_loop_grid(fam, r, e, tiles["tokens_per_tile"], k, g, max_tiles)
+    grid_tiles = _tile_loop_grid(fam, r, e, tiles["tokens_per_tile"], k, g, max_tiles,
+                                 None if sel is None else sel.tokens * k)
     # the tile loop is how this plan launches the candidate's kernels (its grid is ``grid_tiles``), not part of the
     # tile: the plan keeps the candidate's tiles, so a plan names the candidate that reproduces it
     kernel_tiles = dict(tiles, tile_loop=True) if grid_tiles else tiles
@@ -329,10 +371,11 @@ TILE_LOOP_AUTO_FRACTION = 0.5
 
 
 def _tile_loop_grid(fam: KernelFamily, num_routes: int, num_experts: int, tn: int, top_k: int, global_experts,
-                    bound: int) -> int:
+                    bound: int, decide_routes: Optional[int] = None) -> int:
     """Grid y of the warp-MMA family's tile-loop kernels where ``W4A16_MOE_TILE_LOOP`` (or a forced loop grid,
     :func:`.overrides.forced_loop_grid`) asks for them (:func:`.tiles.loop_grid`, at most ``bound``); 0: no loop.
-    Only that family loops: the SM90 loop kernels of the study were 1.02-1.06 x slower per tile."""
+    Only that family loops: the SM90 loop kernels of the study were 1.02-1.06 x slower per tile. ``auto`` decides at
+    ``decide_routes`` routes (a point of the selection grid, :func:`_routed_plan`; default ``num_routes``)."""
     if fam.name != "warp":
         return 0
     forced_grid = overrides.current().loop_grid
@@ -344,7 +387,13 @@ def _tile_loop_grid(fam: KernelFamily, num_routes: int, num_experts: int, tn: in
     from .tiles import loop_grid
 
     grid = loop_grid(num_routes, num_experts, tn, top_k, global_experts, bound)
-    return grid if mode == "1" or grid <= TILE_LOOP_AUTO_FRACTION * bound else 0
+    if mode == "1":
+        return grid
+    if decide_routes is None or decide_routes == num_routes:
+        return grid if grid <= TILE_LOOP_AUTO_FRACTION * bound else 0
+    d_bound = _max_tiles(decide_routes, num_experts, tn)
+    d_grid = loop_grid(decide_routes, num_experts, tn, top_k, global_experts, d_bound)
+    return grid if d_grid <= TILE_LOOP_AUTO_FRACTION * d_bound else 0
 
 
 def _warp_pdl(fam: KernelFamily, call, info: DeviceInfo, grid_tiles: int) -> bool:
@@ -383,11 +432,13 @@ def _grouped_plan(fam, info, tiles, up, down, su, sd, max_tiles, n13, h, note, a
                 grid_tiles=grid_tiles, counters=counters, note=note, pad=pad)
 
 
-def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tuple:
+def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo, sel=None) -> tuple:
     """``(plan or None, why not)``: the plan of a routed call on the decode kernels beside ``base``, or None when
     it does not use them (:func:`.decode.family.use_decode`, the tuned bound, the overrides); ``why not`` is
     ``", not decode: <why>"`` (:func:`.decode.family.decode_refusal`) for a call within the decode path's route
-    bound that the rule declined, else ``""``."""
+    bound that the rule declined, else ``""``. Decided at ``sel``'s token count (:func:`_routed_plan`; default:
+    the call's), launched at the call's."""
+    launch, call = call, (sel or call)
     if getattr(call, "routes_only", False):
         return None, ""  # expert-parallel halves always run the grouped GEMMs
     dec = _decode_beside(base)
@@ -435,7 +486,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo) -> tu
             mb = dmod.streamed_bytes(call.tokens, call.top_k, expert_bytes, call.experts, call.global_experts) / 1e6
             note += f", cost model: re-read {reread:.2f}x, {mb:.0f} MB streamed"
         note += _ep_note(call) + _budget_note(call, info)
-    return _decode_plan_of(base, dec, call, sch, dt, info, knobs, note), ""
+    return _decode_plan_of(base, dec, launch, sch, dt, info, knobs, note), ""
 
 
 def _decode_plan_of(base: KernelFamily, dec: KernelFamily, call, sch, dt: str, info: DeviceInfo, knobs: tuple,
@@ -937,9 +988,11 @@ def cute_expert_routes(x, weights, local_ids, *, call, plan: Optional[Plan] = No
 def warmup_plans(info: DeviceInfo, num_experts: int, hidden: int, intermediate: int, scheme: str, dtype: torch.dtype,
                  device, activation, top_k: int, max_tokens: int, finalizes=("deterministic", "fused"),
                  has_bias: bool = False, global_experts: Optional[int] = None):
-    """Yield ``(tokens, plan)`` of every call :func:`cute_warmup` prepares on ``info``: 1..256 tokens, the powers of
-    two up to ``max_tokens``, ``max_tokens`` and the tuned table's token counts of the layer, in each finalize mode,
-    and for the deterministic one also the grouped GEMMs' plan of the same shape (expert-parallel halves)."""
+    """Yield ``(tokens, plan)`` of every call :func:`cute_warmup` prepares on ``info``: the selection grid up to
+    ``max_tokens`` (:func:`.tiles.selection_grid`: every count up to 256, 16 points per octave above, through the
+    first at or past ``max_tokens``, whose decisions every count up to ``max_tokens`` runs), ``max_tokens`` and the
+    tuned table's token counts of the layer, in each finalize mode, and for the deterministic one also the grouped
+    GEMMs' plan of the same shape (expert-parallel halves)."""
     from ...activations import get_activation
     from ...validate import MoECall
 
@@ -953,8 +1006,7 @@ def warmup_plans(info: DeviceInfo, num_experts: int, hidden: int, intermediate: 
     mod = _module(base)
     tuned = (mod.tuned_token_counts(info.name, e, h, i, scheme, _DTYPES[dtype], top_k, global_experts)
              if hasattr(mod, "tuned_token_counts") else [])
-    grid = sorted({*range(1, min(max_tokens, 256) + 1), *(2**j for j in range(31) if 2**j <= max_tokens), max_tokens,
-                   *(t for t in tuned if t <= max_tokens)})
+    grid = sorted({*tiles_rule.selection_grid(max_tokens), max_tokens, *(t for t in tuned if t <= max_tokens)})
     for fin in finalizes:
         for t in grid:
             for routes_only in ((False, True) if fin == "deterministic" else (False,)):

@@ -600,9 +600,18 @@ def _run_sizes(family, tiles_items, hidden, intermediate, gated, scheme):
 def model_pool(hidden: int, intermediate: int, gated: bool = True, scheme=None) -> dict:
     """``{"<family> <candidate name>": (family, tiles)}``: the :func:`model_candidates` the cost model may choose for a
     layer (:func:`in_model_domain`, :func:`scheme_ok`, :func:`k_tile_ok`)."""
-    return {f"{f} {tuned.candidate_name(t)}": (f, t) for f, t in model_candidates()
-            if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)
-            and k_tile_ok(f, t, hidden, intermediate, gated, scheme)}
+    return {name: (f, dict(t)) for name, f, t, _ in _pool(hidden, intermediate, gated, scheme,
+                                                           settings.get().cute_family)}
+
+
+@functools.lru_cache(maxsize=256)
+def _pool(hidden: int, intermediate: int, gated: bool, scheme, _cute_family: str) -> tuple:
+    """:func:`model_pool` as ``((name, family, tiles, run sizes), ...)``, per layer and ``W4A16_MOE_CUTE_FAMILY``
+    (every plan of a call nobody tuned prices this pool: building it costs more than pricing it)."""
+    return tuple((f"{f} {tuned.candidate_name(t)}", f, t, run_sizes(f, t, hidden, intermediate, gated, scheme))
+                 for f, t in model_candidates()
+                 if in_model_domain(f, t, intermediate, gated) and scheme_ok(t, scheme)
+                 and k_tile_ok(f, t, hidden, intermediate, gated, scheme))
 
 
 def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: int, gated: bool = True,
@@ -613,8 +622,9 @@ def model_choice(num_routes: int, num_experts: int, hidden: int, intermediate: i
     at (:func:`run_sizes`), or None when the model knows none of them."""
     from .. import cost_model
 
-    by_name = model_pool(hidden, intermediate, gated, scheme)
-    sizes = {n: run_sizes(f, t, hidden, intermediate, gated, scheme) for n, (f, t) in by_name.items()}
+    pool = _pool(hidden, intermediate, gated, scheme, settings.get().cute_family)
+    by_name = {name: (f, t) for name, f, t, _ in pool}
+    sizes = {name: sz for name, _, _, sz in pool}
     got = cost_model.best(by_name, num_routes, num_experts, hidden, intermediate, gated, top_k, global_experts,
                           sm_count, sizes=sizes)
     if got is None:
