@@ -4,9 +4,9 @@
     python scripts/layout_memory.py --layers 384,7168,256,8 --scheme int4_g32 --max-tokens 512 --gpu "NVIDIA H100 80GB HBM3"
     W4A16_MOE_LAYOUTS=2 python scripts/layout_memory.py   # under a layout budget (kernels/cute/layout_budget.py)
 
-For each layer it plans the calls ``w4a16_moe.warmup`` plans (``provider.warmup_plans``: 1..256 tokens, then powers of
-two up to ``--max-tokens`` and the tuned table's counts; both finalize modes, and the expert-parallel halves of the
-deterministic ones) on a device
+For each layer it plans the calls ``w4a16_moe.warmup`` plans (``provider.warmup_plans``: the selection grid up to
+``--max-tokens``, whose decisions every count up to it runs, and the tuned table's counts; both finalize modes, and the
+expert-parallel halves of the deterministic ones) on a device
 description (no GPU needed: the kernels are assumed available), packs every layout those plans read on the CPU for
 one expert (the layouts' bytes scale with the expert count), and prints how many layouts each matrix has and their
 bytes over the canonical tensors' (``MoEWeights.packed_nbytes`` over ``nbytes_per_expert``).
