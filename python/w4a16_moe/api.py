@@ -186,6 +186,7 @@ def warmup(
     max_tokens: int = 8192, finalize: tuple = ("deterministic", "fused"), expert_offset: int = 0,
     backend: str = "auto", masked_capacity: Optional[int] = None, autotune: Optional[bool] = None,
     autotune_budget_s: float = 60.0, autotune_jit: bool = False, global_num_experts: Optional[int] = None,
+    release_canonical: bool = False,
 ) -> list[int]:
     """Compile / load every kernel and pack ``weights`` for calls of 1..``max_tokens`` tokens.
 
@@ -208,6 +209,15 @@ def warmup(
     Pass it for an expert-parallel layer even when its calls do not: warmup's synthetic ids never decide the
     hint that such calls observe (:mod:`w4a16_moe.ep_observe`), so the plans warmed up are those they will run.
 
+    ``release_canonical=True``: then free the canonical codes, scales and zero points (:meth:`MoEWeights.release_canonical`),
+    so that the layer holds only the packed layouts its kernels read (README "Memory"; with
+    ``W4A16_MOE_LAYOUTS=1`` about the canonical bytes in all). Calls of up to ``max_tokens`` tokens with this
+    warmup's dtype, ``top_k``, finalize modes, ``expert_offset`` and ``global_num_experts`` keep running (everything
+    they read was packed here, :func:`w4a16_moe.kernels.cute.tiles.selection_grid`); anything needing another layout
+    or the canonical tensors (another dtype, the Triton or reference provider, ``reference_moe``,
+    ``MoEWeights.to``) raises a ``RuntimeError`` saying so. Needs the CuTe provider for the layer and no
+    ``w13_perm``.
+
     Weights with a ``w13_perm`` (act order over H) run every call as the top-1 per-route half over ``T*k`` rows
     (:mod:`w4a16_moe.ops`): the CuTe kernels are loaded and tuned for that equivalent call (top-1, up to
     ``max_tokens * top_k`` rows, deterministic), and the real calls below take the permuted path.
@@ -221,6 +231,11 @@ def warmup(
         raise ValueError(f"max_tokens: expected a positive int, got {max_tokens!r}")
     if not isinstance(top_k, int) or top_k < 1:
         raise ValueError(f"top_k: expected a positive int, got {top_k!r}")
+    if not isinstance(release_canonical, bool):
+        raise TypeError(f"release_canonical: expected a bool, got {release_canonical!r}")
+    if release_canonical and weights.w13_perm is not None:
+        raise ValueError("release_canonical=True: weights with a w13_perm (act order over H) keep their canonical "
+                         "tensors (not supported)")
     if autotune is None:
         from . import settings
 
@@ -239,11 +254,12 @@ def warmup(
     with ep_observe.paused():  # synthetic ids: they must not decide the layer's expert-parallel hint
         return _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expert_offset, backend,
                        masked_capacity, autotune, autotune_budget_s, autotune_jit, global_num_experts, k_run,
-                       t_run, fin_run)
+                       t_run, fin_run, release_canonical)
 
 
 def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expert_offset, backend, masked_capacity,
-            autotune, autotune_budget_s, autotune_jit, global_num_experts, k_run, t_run, fin_run) -> list[int]:
+            autotune, autotune_budget_s, autotune_jit, global_num_experts, k_run, t_run, fin_run,
+            release_canonical=False) -> list[int]:
     from .providers import resolve_backend, select_provider
     from .validate import check_moe_call
 
@@ -256,7 +272,11 @@ def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expe
                           expert_offset=expert_offset, global_num_experts=global_num_experts)
     g = call.global_experts  # None when not given or equal to E
     tokens = _warmup_token_counts(g or e, top_k, max_tokens)
-    if select_provider(call, resolve_backend(backend)).provider == "cute":
+    chosen = select_provider(call, resolve_backend(backend)).provider
+    if release_canonical and chosen != "cute":
+        raise ValueError(f"release_canonical=True: this layer's calls run on provider {chosen!r}, which reads the "
+                         "canonical tensors (only the CuTe provider reads packed layouts)")
+    if chosen == "cute":
         from .kernels.cute.provider import cute_warmup
 
         if autotune:
@@ -286,4 +306,7 @@ def _warmup(weights, plain, dtype, activation, top_k, max_tokens, finalize, expe
     held = weights.packed_nbytes()
     logger.info("warmup: %d packed layouts of %s hold %.1f MB beside its %.1f MB of canonical tensors", len(held),
                 weights, sum(held.values()) / 1e6, weights.nbytes_per_expert() * weights.num_experts / 1e6)
+    if release_canonical:
+        freed = weights.release_canonical()
+        logger.info("warmup: released %.1f MB of canonical tensors of %s", freed / 1e6, weights)
     return tokens

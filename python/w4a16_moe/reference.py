@@ -48,6 +48,7 @@ def _expert_mlp(x: torch.Tensor, weights: MoEWeights, e: int, activation: str) -
     negligible probability), so the expert-parallel path, which batches rows differently, reproduces
     the single-process result exactly.
     """
+    weights.require_canonical("the FP32 reference")
     h = x.double() @ _expert_w13(weights, e).double().t()
     if weights.w13_bias is not None:
         h = h + weights.w13_bias[e].double()

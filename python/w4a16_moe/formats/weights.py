@@ -175,6 +175,22 @@ def _tensor_bytes(value: Any, skip: set, seen: set) -> int:
     return 0
 
 
+def _storages(value: Any, out: set) -> None:
+    """Add the data pointers of the tensor storages reachable from ``value`` to ``out``."""
+    if isinstance(value, torch.Tensor):
+        if not _is_fake(value):
+            out.add(value.untyped_storage().data_ptr())
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            _storages(getattr(value, f.name), out)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _storages(v, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _storages(v, out)
+
+
 def _describe(t: Any) -> str:
     if isinstance(t, torch.Tensor):
         return f"{t.dtype} tensor of shape {tuple(t.shape)}"
@@ -328,8 +344,51 @@ class MoEWeights:
         if self.w13_perm is not None:
             check_w13_perm(self.w13_perm, e, h, self.w13.device)
 
+    # -- canonical tensors ---------------------------------------------------------------------
+    @property
+    def canonical_released(self) -> bool:
+        """Whether :meth:`release_canonical` freed the canonical codes (``w4a16_moe.warmup(..., release_canonical=True)``):
+        the weights then run only through the packed layouts built before."""
+        c = self.w13.codes
+        return c.numel() > 0 and not _is_fake(c) and c.untyped_storage().nbytes() == 0
+
+    def require_canonical(self, what: str) -> None:
+        """Raise a ``RuntimeError`` naming ``what`` when the canonical tensors were released."""
+        if self.canonical_released:
+            raise RuntimeError(
+                f"{what} reads the canonical 4-bit tensors of {self}, which warmup(..., release_canonical=True) "
+                "released: only calls whose kernels and packed layouts that warmup prepared (the CuTe provider, its "
+                "dtype, top_k, finalize modes and expert-parallel hint, up to its max_tokens) can run; keep them "
+                "(release_canonical=False) for anything else")
+
+    def release_canonical(self) -> int:
+        """Free the storage of the canonical codes, scales and zero points (their tensor objects stay, empty, so that
+        the packed layouts cached on them stay reachable), unless a packed layout shares it; returns the bytes
+        freed. Every later call must then read layouts already packed (:meth:`packed_for` raises otherwise), and
+        whatever reads the canonical tensors (the Triton and reference providers, :meth:`dequantize`, :meth:`to`)
+        raises. :func:`w4a16_moe.warmup` calls it with ``release_canonical=True`` after packing every layout its
+        token counts run."""
+        shared: set = set()
+        anchors = [self.w13.codes] + [b for b in (self.w13_bias, self.w2_bias) if b is not None]
+        for anchor in anchors:
+            for value in getattr(anchor, "_w4a16_layouts", {}).values():
+                _storages(value, shared)
+        freed = 0
+        for m in (self.w13, self.w2):
+            for key in ("codes", "scales", "zeros"):
+                t = getattr(m, key)
+                if not isinstance(t, torch.Tensor) or _is_fake(t):
+                    continue
+                st = t.untyped_storage()
+                if st.data_ptr() in shared or st.nbytes() == 0:
+                    continue
+                freed += st.nbytes()
+                st.resize_(0)
+        return freed
+
     def to(self, device: "torch.device | str") -> "MoEWeights":
         """A copy on ``device`` (provider-specific packed layouts are not copied; they are rebuilt)."""
+        self.require_canonical("MoEWeights.to")
         return MoEWeights(
             self.scheme, self.w13.map(lambda t: t.to(device)), self.w2.map(lambda t: t.to(device)), self.gated,
             None if self.w13_bias is None else self.w13_bias.to(device),
@@ -342,6 +401,7 @@ class MoEWeights:
         ``w13_perm``, stored column ``j`` of expert ``e`` goes to column ``w13_perm[e, j]``)."""
         from .quantize import dequantize_matrix
 
+        self.require_canonical("MoEWeights.dequantize")
         w13 = dequantize_matrix(self.w13)
         if self.w13_perm is not None:
             idx = self.w13_perm.long()[:, None, :].expand_as(w13)
@@ -360,6 +420,7 @@ class MoEWeights:
         """
         cache = layout_cache(self.w13.codes)
         if key not in cache:
+            self.require_canonical(f"packing the layout {key!r}, which was not packed before,")
             cache[key] = build(self)
         return cache[key]
 

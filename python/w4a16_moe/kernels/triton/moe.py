@@ -81,6 +81,7 @@ def _routed_gemms(x: torch.Tensor, weights: MoEWeights, ids: torch.Tensor, exper
     The configuration depends only on ``(T * k, E, gated)``, so :func:`triton_fused_moe` and
     :func:`triton_expert_routes` compute identical per-route outputs for identical shapes.
     """
+    weights.require_canonical("provider triton")
     act = get_activation(activation)
     top_k = ids.shape[1]
     num_experts = weights.num_experts
@@ -172,6 +173,7 @@ def triton_fused_moe_masked(x: torch.Tensor, weights: MoEWeights, masked_m: torc
     ``out[e, r] = mlp_e(x[e, r])`` (unweighted) for ``r < clamp(masked_m[e], 0, cap)``; other rows are not
     read and are written as zeros.
     """
+    weights.require_canonical("provider triton")
     num_experts, cap, hidden = x.shape
     if num_experts == 0 or cap == 0:
         return
