@@ -442,7 +442,7 @@ def _decode_plan(base: KernelFamily, call, sch, dt: str, info: DeviceInfo, sel=N
     if getattr(call, "routes_only", False):
         return None, ""  # expert-parallel halves always run the grouped GEMMs
     dec = _decode_beside(base)
-    if dec is None or dec.can_implement(call) is not None:
+    if dec is None or dec.can_implement(call) is not None or dec.can_implement(launch) is not None:
         return None, ""
     dmod = _module(dec)
     smod = _module(base)
