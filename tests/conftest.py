@@ -106,6 +106,31 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def warmup_specs(e, h, i, scheme, top_k, max_tokens, finalizes, calls=()) -> list:
+    """The KernelSpecs a GPU test of ``warmup`` on layer ``(e, h, i)`` launches, on an H100 or an H200: those of
+    ``warmup``'s plans (BF16, SwiGLU) and of the plans of the further ``calls`` (``MoECall`` s), every kernel counted
+    as available (for a test module's ``needed_specs()``)."""
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider, registry
+
+    saved = provider._kernels_available
+    provider._kernels_available = lambda arch: None
+    out = {}
+    try:
+        for info in (DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132),
+                     DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)):
+            provider.clear_plans()
+            plans = [p for _, p in provider.warmup_plans(info, e, h, i, scheme, torch.bfloat16, torch.device("cuda"),
+                                                         "swiglu", top_k, max_tokens, finalizes)]
+            for p in plans + [provider.plan(c, info) for c in calls]:
+                fam = registry.get(p.family)
+                out.update({fam.spec_for(c).name: fam.spec_for(c) for c in p.configs})
+    finally:
+        provider._kernels_available = saved
+        provider.clear_plans()
+    return list(out.values())
+
+
 def k_for(scheme: str, base: int = 64) -> int:
     """A reduction size valid for ``scheme`` (a multiple of its group size)."""
     from w4a16_moe import get_scheme

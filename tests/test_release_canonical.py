@@ -10,12 +10,9 @@ import pytest
 import torch
 
 import w4a16_moe as wm
-from conftest import HAS_CUDA, nrmse, random_routing, random_weights
-from w4a16_moe.device import DeviceInfo
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, warmup_specs
 
 SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
-H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
-H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132)
 
 
 @dataclass
@@ -113,28 +110,10 @@ def test_gpu_calls_after_release():
 
 def needed_specs() -> list:
     """Every KernelSpec the GPU test launches on an H100 or an H200 (build them for sm_90a before running on a
-    DSL-less machine)."""
+    DSL-less machine): warmup's, and the FP16 call's that must raise (its kernels load)."""
     from w4a16_moe.activations import get_activation
-    from w4a16_moe.kernels.cute import provider as prov
-    from w4a16_moe.kernels.cute import registry
     from w4a16_moe.validate import MoECall
 
-    saved = prov._kernels_available
-    prov._kernels_available = lambda arch: None
-    out = {}
-    try:
-        for info in (H100, H200):
-            prov.clear_plans()
-            for _, p in prov.warmup_plans(info, 8, 512, 256, "int4_g32", torch.bfloat16, torch.device("cuda"), "swiglu",
-                                          4, 300, ("deterministic", "fused")):
-                fam = registry.get(p.family)
-                out.update({fam.spec_for(c).name: fam.spec_for(c) for c in p.configs})
-            call = MoECall(277, 4, 512, 256, 8, torch.float16, torch.device("cuda"), get_activation("swiglu"),
-                           "deterministic", 0, "int4_g32")  # the FP16 call that must raise (its kernels load)
-            p = prov.plan(call, info)
-            fam = registry.get(p.family)
-            out.update({fam.spec_for(c).name: fam.spec_for(c) for c in p.configs})
-    finally:
-        prov._kernels_available = saved
-        prov.clear_plans()
-    return list(out.values())
+    fp16 = MoECall(277, 4, 512, 256, 8, torch.float16, torch.device("cuda"), get_activation("swiglu"), "deterministic",
+                   0, "int4_g32")
+    return warmup_specs(8, 512, 256, "int4_g32", 4, 300, ("deterministic", "fused"), calls=(fp16,))

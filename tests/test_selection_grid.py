@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import w4a16_moe as wm
-from conftest import HAS_CUDA, nrmse, random_routing, random_weights
+from conftest import HAS_CUDA, nrmse, random_routing, random_weights, warmup_specs
 from w4a16_moe import settings
 from w4a16_moe.activations import get_activation
 from w4a16_moe.device import DeviceInfo
@@ -18,7 +18,6 @@ from w4a16_moe.kernels.cute.tiles import SELECTION_DENSE, selection_grid, select
 from w4a16_moe.validate import MoECall
 
 H200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
-H100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132)
 SM90 = HAS_CUDA and torch.cuda.get_device_capability()[0] == 9
 
 #: (E, H, I, top_k, E_global), scheme: Kimi-K2 TP8 (warp and SM90 tiles), Qwen3 TP4, a DeepSeek EP8 rank, a padded
@@ -53,17 +52,9 @@ def _kernels_and_layouts(p) -> set:
     return {(fam.spec_for(c).name, fam.layout_key(w, c, ""), p.pad) for c, w in zip(p.configs, ("w13", "w2"))}
 
 
-@pytest.fixture
-def any_kernel(monkeypatch):
-    monkeypatch.setattr(prov, "_kernels_available", lambda arch: None)
-    prov.clear_plans()
-    yield
-    prov.clear_plans()
-
-
 @pytest.mark.parametrize("layouts", ["all", "2"])
 @pytest.mark.parametrize("layer,scheme", LAYERS, ids=[f"{s}-{'x'.join(map(str, L[:3]))}" for L, s in LAYERS])
-def test_warmup_plans_hold_every_token_count(any_kernel, layer, scheme, layouts):
+def test_warmup_plans_hold_every_token_count(_kernels_anywhere, layer, scheme, layouts):
     """Every plan of 1..max_tokens tokens (both finalize modes, the expert-parallel halves) runs kernels and packed
     layouts among those of ``warmup``'s plans; off the grid, one grid point's kernels, the one the cost model prices
     faster at that count."""
@@ -130,18 +121,4 @@ def test_capture_between_grid_points():
 def needed_specs() -> list:
     """Every KernelSpec the GPU test launches, on an H100 or an H200 (build them for sm_90a before running on a
     DSL-less machine)."""
-    e, h, i, k = 128, 4096, 384, 8
-    saved = prov._kernels_available
-    prov._kernels_available = lambda arch: None
-    out = {}
-    try:
-        for info in (H100, H200):
-            prov.clear_plans()
-            for _, p in prov.warmup_plans(info, e, h, i, "int4_g128", torch.bfloat16, torch.device("cuda"), "swiglu", k,
-                                          400, ("deterministic",)):
-                fam = registry.get(p.family)
-                out.update({fam.spec_for(c).name: fam.spec_for(c) for c in p.configs})
-    finally:
-        prov._kernels_available = saved
-        prov.clear_plans()
-    return list(out.values())
+    return warmup_specs(128, 4096, 384, "int4_g128", 8, 400, ("deterministic",))

@@ -156,39 +156,25 @@ def layout_cache(anchor: torch.Tensor) -> dict:
     return cache
 
 
-def _tensor_bytes(value: Any, skip: set, seen: set) -> int:
-    """Bytes of the distinct tensor storages reachable from ``value`` (tensors, dataclasses, sequences, dicts),
-    less those whose storage is in ``skip``."""
+def _tensors(value: Any):
+    """Yield the tensors reachable from ``value`` (tensors, dataclasses, sequences, dicts)."""
     if isinstance(value, torch.Tensor):
-        st = value.untyped_storage()
-        ptr = st.data_ptr()
-        if ptr in skip or ptr in seen:
-            return 0
-        seen.add(ptr)
-        return st.nbytes()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(_tensor_bytes(getattr(value, f.name), skip, seen) for f in dataclasses.fields(value))
-    if isinstance(value, (tuple, list)):
-        return sum(_tensor_bytes(v, skip, seen) for v in value)
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v, skip, seen) for v in value.values())
-    return 0
-
-
-def _storages(value: Any, out: set) -> None:
-    """Add the data pointers of the tensor storages reachable from ``value`` to ``out``."""
-    if isinstance(value, torch.Tensor):
-        if not _is_fake(value):
-            out.add(value.untyped_storage().data_ptr())
+        yield value
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
-            _storages(getattr(value, f.name), out)
+            yield from _tensors(getattr(value, f.name))
     elif isinstance(value, (tuple, list)):
         for v in value:
-            _storages(v, out)
+            yield from _tensors(v)
     elif isinstance(value, dict):
         for v in value.values():
-            _storages(v, out)
+            yield from _tensors(v)
+
+
+def _tensor_bytes(value: Any, skip: set) -> int:
+    """Bytes of the distinct tensor storages reachable from ``value``, less those whose storage is in ``skip``."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(value)}
+    return sum(n for ptr, n in storages.items() if ptr not in skip)
 
 
 def _describe(t: Any) -> str:
@@ -368,11 +354,8 @@ class MoEWeights:
         whatever reads the canonical tensors (the Triton and reference providers, :meth:`dequantize`, :meth:`to`)
         raises. :func:`w4a16_moe.warmup` calls it with ``release_canonical=True`` after packing every layout its
         token counts run."""
-        shared: set = set()
-        anchors = [self.w13.codes] + [b for b in (self.w13_bias, self.w2_bias) if b is not None]
-        for anchor in anchors:
-            for value in getattr(anchor, "_w4a16_layouts", {}).values():
-                _storages(value, shared)
+        shared = {t.untyped_storage().data_ptr() for _, value in self._layouts() for t in _tensors(value)
+                  if not _is_fake(t)}
         freed = 0
         for m in (self.w13, self.w2):
             for key in ("codes", "scales", "zeros"):
@@ -435,14 +418,16 @@ class MoEWeights:
         """
         own = {t.untyped_storage().data_ptr() for t in (*self.w13.tensors().values(), *self.w2.tensors().values(),
                                                          self.w13_bias, self.w2_bias) if isinstance(t, torch.Tensor)}
-        out: dict[str, int] = {}
+        return {key: _tensor_bytes(value, own) for key, value in self._layouts()}
+
+    def _layouts(self):
+        """Yield ``(key, layout)`` of every provider layout cached on these weights: on ``w13.codes``, and the bias
+        tables on the bias tensors (keys prefixed ``w13_bias:`` / ``w2_bias:``)."""
         anchors = [("", self.w13.codes)] + [(f"{n}:", b) for n, b in (("w13_bias", self.w13_bias),
                                                                       ("w2_bias", self.w2_bias)) if b is not None]
         for prefix, anchor in anchors:
             for key, value in getattr(anchor, "_w4a16_layouts", {}).items():
-                seen: set = set()
-                out[prefix + key] = _tensor_bytes(value, own, seen)
-        return out
+                yield prefix + key, value
 
     # The converters (``from_compressed_tensors``, ``to_modelopt_nvfp4``, ...) are attached by
     # :mod:`w4a16_moe.formats.converters` as the functions themselves, so their signatures and
