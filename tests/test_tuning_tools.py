@@ -363,3 +363,30 @@ def test_layout_memory_estimates_fewer_layout_pairs():
     assert 1.0 <= gm2 <= gm1 and worst2 <= worst1 and gm1 <= worst1
     if est["pairs"] <= 2:
         assert gm2 == worst2 == 1.0
+
+
+def test_autotune_specs_cover_every_candidate_the_autotuner_times(tmp_path, monkeypatch):
+    # with exactly the script's kernels at hand, the autotuner's candidates are those it has with every kernel
+    out = tmp_path / "specs.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "autotune_specs.py"), "--layers", "64,2048,1408,6",
+                        "--scheme", "int4_g128", "--max-tokens", "16", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    names = {s["name"] for s in json.loads(out.read_text())}
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import autotune, provider
+    from w4a16_moe.validate import MoECall
+
+    monkeypatch.setattr(provider, "_kernels_available", lambda arch: None)
+    info = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
+    checked = 0
+    for fin in ("deterministic", "fused"):
+        for t in autotune.token_grid(16):
+            call = MoECall(t, 6, 2048, 1408, 64, torch.bfloat16, torch.device("cuda"), get_activation("swiglu"), fin, 0,
+                           "int4_g128")
+            every = autotune.candidates(call, info, status=lambda spec, arch: ("prebuilt",))
+            kit = autotune.candidates(call, info, status=lambda spec, arch: ("prebuilt" if spec.name in names else "absent",))
+            assert kit == every and len(every) > 5
+            checked += len(every)
+    provider.clear_plans()
+    assert checked > 50
