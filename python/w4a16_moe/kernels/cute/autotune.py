@@ -363,6 +363,8 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
                 return None
             x, tw, ids, ref = case(t)
             o = torch.full_like(x, float("nan"))
+            # before any launch: a candidate that faults the context (a sticky CUDA error) is named in the log
+            logger.debug(f"autotune {fin} T={t}: {choice.label()}: {p.family} splits {p.splits}")
             try:
                 cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
                 torch.cuda.synchronize()
