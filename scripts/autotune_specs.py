@@ -13,7 +13,6 @@ loader that has every kernel). Layers are ``E,H,I,TOPK[,E_GLOBAL]`` as in ``scri
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -33,7 +32,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from explore_tiles import calls
+    from explore_tiles import add_plan_specs, calls, write_specs
     from w4a16_moe.device import DeviceInfo
     from w4a16_moe.kernels.cute import autotune, choice_plan, provider
 
@@ -50,16 +49,9 @@ def main(argv=None) -> int:
                 for c in autotune.candidates(call, info, status=have_all):
                     plans.append(choice_plan.plan_of_choice(call, info, c))
                     n_choices += 1
-                for p in plans:
-                    if p is None:
-                        continue
-                    fam = provider.registry.get(p.family)
-                    for cfg in p.configs:
-                        s = fam.spec_for(cfg)
-                        specs[s.name] = s
+                add_plan_specs(specs, plans)
     provider.clear_plans()
-    with open(args.out, "w") as f:
-        json.dump([s.to_json() for s in specs.values()], f)
+    write_specs(specs, args.out)
     print(f"{n_choices} candidate plans, {len(specs)} specs -> {args.out}")
     return 0
 

@@ -177,6 +177,26 @@ def timed_calls(args, device, label: str):
         yield spec, (e, h, i, k, g), call, weights, (x, tw, ids), ref
 
 
+def add_plan_specs(specs: dict, plans) -> int:
+    """Add the kernel specs of every plan of ``plans`` to ``specs`` (``{name: spec}``); returns how many of
+    ``plans`` are None (a choice that cannot run the call), which add nothing."""
+    from w4a16_moe.kernels.cute import provider
+
+    for p in plans:
+        if p is not None:
+            fam = provider.registry.get(p.family)
+            for cfg in p.configs:
+                s = fam.spec_for(cfg)
+                specs[s.name] = s
+    return sum(p is None for p in plans)
+
+
+def write_specs(specs: dict, path: str) -> None:
+    """``specs``' values as the JSON list ``python -m w4a16_moe aot --specs`` reads."""
+    with open(path, "w") as f:
+        json.dump([s.to_json() for s in specs.values()], f)
+
+
 def cmd_specs(args, names) -> int:
     import torch
 
@@ -191,15 +211,8 @@ def cmd_specs(args, names) -> int:
         twins = twin_choices(call, info, at._default_choice(call, info), args.twin) if args.twin else []
         plans = [provider.plan(call, info)] + [choice_plan.plan_of_choice(call, info, c)
                                                for c in row_choices(call, names, args.splits) + twins]
-        skipped += sum(p is None for p in plans)
-        for p in plans:
-            if p is not None:
-                fam = provider.registry.get(p.family)
-                for cfg in p.configs:
-                    s = fam.spec_for(cfg)
-                    specs[s.name] = s
-    with open(args.out, "w") as f:
-        json.dump([s.to_json() for s in specs.values()], f)
+        skipped += add_plan_specs(specs, plans)
+    write_specs(specs, args.out)
     print(f"{len(specs)} specs -> {args.out}" + (f" ({skipped} tile x call pairs cannot run)" if skipped else ""))
     return 0
 

@@ -61,7 +61,7 @@ def plans(call, info) -> dict:
 def cmd_specs(args) -> int:
     import torch
 
-    from explore_tiles import calls
+    from explore_tiles import add_plan_specs, calls, write_specs
     from w4a16_moe.device import DeviceInfo
     from w4a16_moe.kernels.cute import provider
 
@@ -70,13 +70,8 @@ def cmd_specs(args) -> int:
     for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
         info = DeviceInfo("cuda", gpu, (9, 0), 132)
         for _, _, call in calls(args.layers, args.tokens, args, torch.device("cuda")):
-            for p in plans(call, info).values():
-                fam = provider.registry.get(p.family)
-                for cfg in p.configs:
-                    s = fam.spec_for(cfg)
-                    specs[s.name] = s
-    with open(args.out, "w") as f:
-        json.dump([s.to_json() for s in specs.values()], f)
+            add_plan_specs(specs, plans(call, info).values())
+    write_specs(specs, args.out)
     print(f"{len(specs)} specs -> {args.out}")
     return 0
 
