@@ -11,7 +11,7 @@ import pytest
 from w4a16_moe.formats.schemes import get_scheme
 from w4a16_moe.kernels.cute import overrides
 from w4a16_moe.kernels.cute.sm90 import family as fam
-from w4a16_moe.kernels.cute.sm90.config import Sm90GemmConfig
+from w4a16_moe.kernels.cute.sm90.config import Sm90GemmConfig, pingpong_unordered
 
 RB_CANDIDATES = [i for i, t in enumerate(fam.CANDIDATES) if t.get("down_row_blocks_per_cta", 1) > 1]
 
@@ -81,12 +81,36 @@ def test_pingpong_kernel_plan_and_compile():
         with pytest.raises(ValueError, match="pingpong needs consumer_wgs == 2 and row_blocks_per_cta >= 2"):
             Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad, pingpong=1))
     pp.compile("sm_90a")
-    # pingpong=2: the mainloops take turns only where the ring is too shallow for them to overlap safely
+    # pingpong=2: the mainloops take turns except where they may overlap soundly (pingpong_unordered)
     free = Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, pingpong=2))
     assert free.cfg.name().endswith("_pp2") and (free.XW, free.nepi, free.e_region) == (pp.XW, pp.nepi, pp.e_region)
     with pytest.raises(ValueError, match="pingpong must be 0, 1 or 2"):
         Sm90W4A16GroupedGemm(Sm90GemmConfig(**base, pingpong=3))
     free.compile("sm_90a")
+
+
+def _waits_only_on_own_fills(stages: int, nk: int, row_blocks: int = 64) -> bool:
+    """In the ring of a ping-pong kernel (row block r = ring sequences r nk .. r nk + nk - 1, consumed by
+    warpgroup r % 2): whether every stage a warpgroup waits on was last filled (g - stages) for a row block
+    of that same warpgroup, or never, i.e. whether unordered mainloops keep every parity wait sound."""
+    return all(g < stages or ((g - stages) // nk) % 2 == (g // nk) % 2 for g in range(row_blocks * nk))
+
+
+@pytest.mark.parametrize("stages", range(1, 33))
+def test_pingpong_runs_unordered_only_where_every_wait_is_sound(stages):
+    for nk in range(0, 3 * stages + 1):
+        sound = nk > 0 and _waits_only_on_own_fills(stages, nk)
+        assert pingpong_unordered(stages, nk) == sound, (stages, nk)
+
+
+def test_pingpong_unordered_cases():
+    # the rings that faulted unordered (the old rule: nk < S): 4 stages at nk 3 (Qwen3-235B TP4's down GEMM
+    # at split-K 2, docs/perf/2026-12-07-autotune-behind), 6 stages at nk 4 (docs/perf/2026-12-05-wide-pp-down)
+    for stages, nk in ((4, 3), (6, 4)):
+        assert not pingpong_unordered(stages, nk) and not _waits_only_on_own_fills(stages, nk)
+    # the W1 down GEMMs whose unordered gain was measured (K = 256 in K tiles of 64: nk 4, 2 at split-K 2)
+    for stages, nk in ((16, 4), (8, 4), (16, 2), (8, 2), (16, 1)):
+        assert pingpong_unordered(stages, nk)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cutlass") is None, reason="needs the CuTe DSL (nvidia-cutlass-dsl)")

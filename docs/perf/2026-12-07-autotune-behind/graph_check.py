@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--replays", type=int, default=3)
     ap.add_argument("--start", type=int, default=0)
+    ap.add_argument("--stop", type=int, default=None, help="check candidates before this index only")
     args = ap.parse_args()
 
     from w4a16_moe.activations import get_activation
@@ -60,7 +61,7 @@ def main() -> int:
 
         cands = autotune.candidates(call, info)
         for n, c in enumerate(cands):
-            if n < args.start:
+            if n < args.start or (args.stop is not None and n >= args.stop):
                 continue
             p = choice_plan.plan_of_choice(call, info, c)
             if p is None:

@@ -10,7 +10,19 @@ from dataclasses import dataclass
 
 from ..common.codes import act_tag, is_gated, resolve_epilogue
 
-__all__ = ["Sm90GemmConfig", "check_setmaxnreg"]
+__all__ = ["Sm90GemmConfig", "check_setmaxnreg", "pingpong_unordered"]
+
+
+def pingpong_unordered(stages: int, nk: int) -> bool:
+    """Whether the two consumer warpgroups of a ``pingpong=2`` kernel with ``stages`` ring stages run their
+    mainloops unordered for a split of ``nk`` K tiles (the kernel tests its run-time ``nk`` against the values
+    this admits). A warpgroup waiting on ring sequence ``g`` (row block ``g // nk``, warpgroups alternating
+    by row block) tests the parity of the stage's phase; that test is sound only once the stage's previous
+    fill, ``g - stages``, has landed, which the warpgroup knows only if it consumed that fill itself. With
+    ``stages`` a multiple of ``2 nk``, ``g - stages`` lies ``stages / nk`` (even) row blocks back: its own.
+    Otherwise (``stages = 4, nk = 3``: ``g - 4`` is in the other warpgroup's row block, its fill perhaps still
+    in flight) the wait can pass a phase early; the mainloops then take turns, which is always sound."""
+    return nk > 0 and stages % (2 * nk) == 0
 
 
 def check_setmaxnreg(cfg: "Sm90GemmConfig", entry_regs: int) -> None:

@@ -77,9 +77,9 @@ stage), so the weight ring can run deeper than the B slots (more weight bytes in
 ``pingpong`` (two consumer warpgroups) gives each warpgroup whole row blocks, alternately: their mainloops
 take turns (named barriers 3 and 4), so one warpgroup's epilogue (in a staging tile of its own) runs under
 the other's mainloop instead of idling the tensor cores; each stage is then consumed by one warpgroup.
-``pingpong=2`` lets the two mainloops also overlap each other where the ring is deep enough for that to be
-safe (``S > nk``; a warpgroup then never waits on a stage more than one phase ahead), and takes turns
-otherwise.
+``pingpong=2`` lets the two mainloops also overlap each other where that is sound (``S`` a multiple of
+``2 nk``, :func:`.config.pingpong_unordered`: the stage a warpgroup waits on was last filled for one of its
+own row blocks, so its parity wait cannot pass a phase early), and takes turns otherwise.
 ``tn_variants`` compiles the consumers' mainloop and epilogue staging for WGMMA N = ``TN, TN - 8, ...``
 (up to 4 widths) into one kernel; each CTA runs the narrowest width that holds its tile's routes (the
 producer gathers only those rows). The routing's token tile, the shared-memory plan and the staging tile
@@ -115,7 +115,7 @@ from ..common.codes import INT4_MAGIC, INT4_SYM_BIAS, check_activation, check_bi
 from ..common.dequant import e2m1_pair
 from ..common.epilogue import EpilogueShape, finish_store, publish_split, split_verdict, split_workspace
 from ..common.grid import fake_launch_args, occupancy_kwargs, split_k_range, tile_expert
-from .config import Sm90GemmConfig, check_setmaxnreg
+from .config import Sm90GemmConfig, check_setmaxnreg, pingpong_unordered
 
 __all__ = ["Sm90W4A16GroupedGemm", "Sm90GemmConfig", "check_setmaxnreg"]
 
@@ -435,11 +435,12 @@ class Sm90W4A16GroupedGemm:
                 stg = stg_addr + cw * self.epi_bytes
                 order = Int32(1)
                 if const_expr(self.cfg.pingpong == 2):
-                    # unordered is safe when S >= nk + 1: a warpgroup's previous stage (ring sequence
-                    # g - nk - 1 at most) was filled, so the stage it waits on is at most one phase
-                    # behind and its parity wait cannot pass early
-                    if nk < S:
-                        order = Int32(0)
+                    # unordered only where that is sound (config.pingpong_unordered: S a multiple of 2 nk;
+                    # S = 4 with nk = 3 ran unordered before and faulted, docs/perf/2026-12-07-autotune-behind)
+                    for d in cutlass.range_constexpr(1, S + 1):
+                        if const_expr(pingpong_unordered(S, d)):
+                            if nk == d:
+                                order = Int32(0)
                 for j in cutlass.range(cw, nrb, 2, unroll=1):
                     if order != 0:
                         if j > 0:
