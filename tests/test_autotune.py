@@ -409,8 +409,9 @@ def test_plan_notes_say_where_a_choice_came_from():
 
 
 def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
-    """The whole tuner off the GPU: fake device, kernels that write the reference (one candidate wrong),
-    fake timings; rows are stored, the plans use them, and a second run measures nothing."""
+    """The whole tuner off the GPU: fake device, kernels that write the reference (one candidate wrong, one
+    wrong only after its timing replays), fake timings; rows are stored, the plans use them, and a second run
+    measures nothing."""
     import w4a16_moe.device as device
     from w4a16_moe.reference import reference_moe
 
@@ -433,8 +434,16 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
         if not plan.decode and dict(plan.tiles) == fam.CANDIDATES[1]:
             out.mul_(2)  # a wrong candidate: fails the NRMSE check
 
-    def fake_time(fn):
+    sneaky = []  # the fastest plan of all, right alone, wrong when its calls run back to back
+
+    def fake_time(fn, poison=None):
         p = seen[-1]
+        if poison is not None:
+            poison()  # the tuner poisons the output before one more replay and checks it after
+            if p.configs == choice_plan.plan_of_choice(_small(1), H200, fast).configs and p.splits == (4, 4):
+                sneaky.append(p)
+                return 5.0  # (its replay "leaves NaN": not run)
+            fn()
         if p.decode:
             return 30.0
         return 10.0 if choice_plan.plan_of_choice(_small(1), H200, fast).configs == p.configs and p.splits == (2, 2) \
@@ -450,6 +459,7 @@ def test_autotune_layer_end_to_end_with_fakes(monkeypatch):
     assert set(res) == {"deterministic"}
     ent = store.read_entry(_key(experts=8, hidden=256, intermediate=256, scheme="int4_g128", top_k=2))
     assert sorted(ent["rows"]) == [1, 2, 4] and all(r.complete for r in ent["rows"].values())
+    assert len(sneaky) >= 3  # timed at every token count, and skipped: the rows keep the fast plan
     for t, r in ent["rows"].items():  # the fast plan won (under whichever split-K argument gives it first)
         assert r.best == r.grouped and r.us == 10.0, r
         pb, pf = choice_plan.plan_of_choice(_small(t), H200, r.best), choice_plan.plan_of_choice(_small(t), H200, fast)

@@ -14,7 +14,9 @@ never worse than that, then the others while its share of the budget lasts (the 
 remaining token counts: a count that finishes early leaves its time to the next). Each candidate's first
 call is checked against the FP32 reference on fresh synthetic inputs (uniform routing, drawn like the
 benchmark's); a candidate with an NRMSE of :data:`MAX_NRMSE` or more, or non-finite output, is skipped.
-It is then timed with CUDA events over CUDA-graph replays (plain replays where capture fails).
+It is then timed with CUDA events over CUDA-graph replays (plain replays where capture fails), and checked
+again on the output of one more replay (poisoned with NaN before it): a candidate right alone but wrong when
+its calls run back to back is skipped too.
 
 The rows go to :mod:`.autotune_store` (persistent, keyed by GPU, layer, versions); the provider's plans use
 them from then on. A token count already stored complete for the running versions is not measured again.
@@ -41,7 +43,8 @@ SPLITS = (None, 1, 2, 4, 8)
 DECODE_SPLITS = (None, 1, 2, 4, 8)
 #: the decode kernels are timed only up to this many routes (beyond it they re-read every expert many times)
 DECODE_TUNE_MAX_ROUTES = 256
-#: a candidate whose first call is this far from the FP32 reference (or not finite) is skipped
+#: a candidate whose first call, or whose last call after the timing replays, is this far from the FP32
+#: reference (or not finite) is skipped
 MAX_NRMSE = 0.02
 #: calls per CUDA graph and timed replays per candidate
 GRAPH_CALLS, REPLAYS = 8, 3
@@ -239,8 +242,10 @@ def _inputs(weights, tokens: int, top_k: int, dtype, seed: int, global_experts: 
     return x, tw, ids
 
 
-def _time_us(fn) -> float:
-    """Median us per call of ``fn`` over CUDA-graph replays (plain replays where capture fails)."""
+def _time_us(fn, poison: Optional[Callable] = None) -> float:
+    """Median us per call of ``fn`` over CUDA-graph replays (plain replays where capture fails). With
+    ``poison``: after the timing, ``poison()`` then one more replay, so that the caller can check the output of
+    calls run back to back."""
     import torch
 
     graph = None
@@ -271,8 +276,21 @@ def _time_us(fn) -> float:
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000.0 / GRAPH_CALLS)
+    if poison is not None:
+        poison()
+        run()
+        torch.cuda.synchronize()
     del graph
     return sorted(times)[len(times) // 2]
+
+
+def _nrmse(out, ref) -> float:
+    """NRMSE of ``out`` against the FP32 reference ``ref``; infinite where ``out`` holds a non-finite value."""
+    import torch
+
+    if not bool(torch.isfinite(out).all()):
+        return math.inf
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
 def _layout_keys(weights) -> set:
@@ -371,11 +389,17 @@ def autotune_layer(weights, dtype, activation: str, top_k: int, max_tokens: int,
             except Exception as ex:  # e.g. a kernel that cannot be had after all
                 log(f"autotune T={t} {choice.label()}: failed ({type(ex).__name__}: {ex}), skipped")
                 return None
-            err = ((o.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-            if not (err < MAX_NRMSE and bool(torch.isfinite(o).all())):
+            err = _nrmse(o, ref)
+            if not err < MAX_NRMSE:
                 log(f"autotune T={t} {choice.label()}: NRMSE {err:.3g}, skipped")
                 return None
-            return _time_us(lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p))
+            us = _time_us(lambda: cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p),
+                          poison=lambda: o.fill_(float("nan")))
+            err = _nrmse(o, ref)
+            if not err < MAX_NRMSE:
+                log(f"autotune T={t} {choice.label()}: NRMSE {err:.3g} after back-to-back calls, skipped")
+                return None
+            return us
 
         rows = select_rows(todo, candidates_of, measure, part, log)
         data.clear()
