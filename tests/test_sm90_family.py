@@ -126,6 +126,11 @@ def test_b_slots_plan():
     for bad in (dict(base, b_slots=17), dict(base, b_slots=4, row_blocks_per_cta=1, pingpong=0)):
         with pytest.raises(ValueError, match="b_slots needs row_blocks_per_cta >= 2 and 1 <= b_slots <= stages"):
             Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
+    # the overlap schedule holds tile g - 1 until tile g is full: one stage or one B slot would deadlock
+    for bad in (dict(base, b_slots=1), dict(base, stages=1, pingpong=0, row_blocks_per_cta=1)):
+        with pytest.raises(ValueError, match="the overlap schedule needs stages >= 2 and b_slots != 1"):
+            Sm90W4A16GroupedGemm(Sm90GemmConfig(**bad))
+    Sm90W4A16GroupedGemm(Sm90GemmConfig(**dict(base, b_slots=1, schedule="serial")))  # serial: released at once
     four.compile("sm_90a")
 
 

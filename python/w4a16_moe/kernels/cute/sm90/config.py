@@ -60,7 +60,7 @@ class Sm90GemmConfig:
     min_ctas_per_sm: int = 1  # > 1: ptxas caps registers so that many CTAs fit on an SM
     row_blocks_per_cta: int = 1  # RB: consecutive row blocks per CTA, one weight stream (short-K down GEMMs)
     # RB > 1, two consumer WGs, each owning whole row blocks, alternately: 0 off; 1 their mainloops take
-    # turns; 2 they take turns only where a deep enough ring does not make it necessary (stages > K tiles)
+    # turns; 2 they take turns only where running unordered is not sound (pingpong_unordered)
     pingpong: int = 0
     b_slots: int = 0  # RB > 1: activation-tile slots (0 = stages); fewer than stages frees shared memory
     # token-tile widths compiled into one kernel: TN, TN - 8, ..., TN - 8 * (tn_variants - 1); each tile runs

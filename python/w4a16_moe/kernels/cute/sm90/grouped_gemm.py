@@ -207,6 +207,10 @@ class Sm90W4A16GroupedGemm:
         self.S = c.stages
         if c.b_slots and (self.RB == 1 or not 1 <= c.b_slots <= c.stages):
             raise ValueError("b_slots needs row_blocks_per_cta >= 2 and 1 <= b_slots <= stages")
+        if c.schedule == "overlap" and (self.S < 2 or c.b_slots == 1):
+            # a consumer releases K tile g - 1 only once tile g is full: one stage (or one re-gathered B slot)
+            # would wait on itself
+            raise ValueError("the overlap schedule needs stages >= 2 and b_slots != 1")
         self.BS = c.b_slots or c.stages  # activation-tile slots
         self.C = self.BK // 64
         self.KB = self.BK // 16
