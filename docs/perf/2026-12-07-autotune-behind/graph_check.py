@@ -54,11 +54,6 @@ def main() -> int:
         x, tw, ids = autotune._inputs(weights, t, wl.top_k, wl.torch_dtype, seed=1000 + t, global_experts=g)
         ref = reference_moe(x, weights, tw, ids, activation=act.name).float()
 
-        def err(o):
-            if not bool(torch.isfinite(o).all()):
-                return float("inf")
-            return ((o.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
         cands = autotune.candidates(call, info)
         for n, c in enumerate(cands):
             if n < args.start or (args.stop is not None and n >= args.stop):
@@ -71,7 +66,7 @@ def main() -> int:
             o = torch.full_like(x, float("nan"))
             cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
             torch.cuda.synchronize()
-            e0 = err(o)
+            e0 = autotune._nrmse(o, ref)
             outs = [torch.full_like(x, float("nan")) for _ in range(args.calls)]
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
@@ -88,7 +83,7 @@ def main() -> int:
                     o2.fill_(float("nan"))
                 graph.replay()
                 torch.cuda.synchronize()
-                worst = max(worst, max(err(o2) for o2 in outs))
+                worst = max(worst, max(autotune._nrmse(o2, ref) for o2 in outs))
             del graph
             ok = e0 < autotune.MAX_NRMSE and worst < autotune.MAX_NRMSE
             bad += not ok
