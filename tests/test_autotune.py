@@ -493,3 +493,59 @@ def test_candidates_take_the_warp_k64_twins_where_they_pad_less(intermediate, k6
     for t in warp.K64_TILES:
         assert (candidate_name(t) in warp_names) is k64
         assert (candidate_name(warp.k128_twin(t)) in warp_names) is not k64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("finalize", ["deterministic", "fused"])
+def test_every_tuner_candidate_is_right_in_back_to_back_graph_replays(finalize):
+    """Every candidate the tuner may time on the Qwen3-235B TP4 shard at 16 tokens (ping-pong down GEMMs at
+    split-K 2 among them, whose unordered ring faulted: docs/perf/2026-12-07-autotune-behind), eager and as
+    three calls captured in one CUDA graph, replayed twice, each output NaN-poisoned and checked against the
+    FP32 reference: a candidate that is right alone but wrong or faulting back to back fails here."""
+    from w4a16_moe.bench.layers import build_workload
+    from w4a16_moe.bench.workloads import make_weights
+    from w4a16_moe.device import probe
+    from w4a16_moe.reference import reference_moe
+
+    provider.clear_plans()
+    wl, _ = build_workload(layer="128,4096,384,8", group=128)
+    dev = torch.device("cuda")
+    weights = make_weights(wl, torch.Generator(device=dev).manual_seed(1), dev)
+    info = probe(dev)
+    t = 16
+    call = MoECall(t, wl.top_k, wl.hidden, wl.intermediate, wl.local_experts, wl.torch_dtype, dev,
+                   get_activation("swiglu"), finalize, 0, weights.scheme.name)
+    x, tw, ids = autotune._inputs(weights, t, wl.top_k, wl.torch_dtype, seed=1016)
+    ref = reference_moe(x, weights, tw, ids).float()
+    cands = autotune.candidates(call, info)
+    assert len(cands) >= 20, "the GPU kit lacks the tuner's candidate kernels (scripts/device_specs.py)"
+    bad = []
+    for c in cands:
+        p = choice_plan.plan_of_choice(call, info, c)
+        if p is None:
+            continue
+        o = torch.full_like(x, float("nan"))
+        provider.cute_fused_moe(x, weights, tw, ids, call=call, out=o, plan=p)
+        torch.cuda.synchronize()
+        errs = [autotune._nrmse(o, ref)]
+        outs = [torch.full_like(x, float("nan")) for _ in range(3)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            provider.cute_fused_moe(x, weights, tw, ids, call=call, out=outs[0], plan=p)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for o2 in outs:
+                provider.cute_fused_moe(x, weights, tw, ids, call=call, out=o2, plan=p)
+        for _ in range(2):
+            for o2 in outs:
+                o2.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            errs += [autotune._nrmse(o2, ref) for o2 in outs]
+        del graph
+        worst = max(errs)  # (infinite where NaN was left in an output)
+        if not worst < autotune.MAX_NRMSE:
+            bad.append((c.label(), worst))
+    assert not bad, bad
