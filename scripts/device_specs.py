@@ -8,7 +8,9 @@ the tuner force beyond it: every ``sm90.family.CANDIDATES`` tile shape for the t
 NVFP4) and the benchmark schemes (INT4 g32 / g128, BF16, SwiGLU), and the decode kernels' knob sets
 (``--decode-knobs``, the tuner's), the FP32-staging twins of the shipped tiles tests/test_stage16.py compares with, the persistent decode grids the decode GPU tests force (their K splits
 need no specs of their own), and the gpt-oss kernels (biases, ``swiglu_oai``; grouped and decode) tests/test_cute_gpt_oss.py and
-tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`).
+tests/test_triton_provider.py select beyond the ``full`` subset's MXFP4 + BF16 set (:data:`GPT_OSS_TESTS`),
+the kernels test modules launch directly (their ``needed_specs()``, :data:`TEST_MODULES`), and those of GPU tests
+whose calls the provider plans with a family forced or an expert-parallel hint, planned for an H100 and an H200.
 ``--tiles FILE ...`` adds the kernels of further SM90 tile dicts (``scripts/explore_tiles.py``'s tile files) for the
 test and benchmark schemes (INT4 g32 / g128, BF16, SwiGLU, deterministic finalize: an explored tile's shared memory
 may hold its ``y`` epilogue and not the fused one's FP32 staging): tiles an experiment times or forces that are no
@@ -103,6 +105,72 @@ def _gpt_oss_test_plans() -> list:
     return out
 
 
+#: test modules that launch kernels directly (not through the provider's selection) and list them in
+#: ``needed_specs()``: the warp kernels' occupancy tests compare with the same tiles built without it, say
+TEST_MODULES = ("test_warp_kernel", "test_selection_grid", "test_release_canonical", "test_layout_budget")
+
+#: the GPUs whose selection the provider-planned test calls below are planned for (a GPU session gets either)
+PLAN_GPUS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+
+def _test_module_specs() -> list:
+    import importlib
+
+    tests = os.path.join(os.path.dirname(__file__), "..", "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    return [s for m in TEST_MODULES for s in importlib.import_module(m).needed_specs()]
+
+
+def _provider_test_plans() -> list:
+    """The kernels of GPU tests whose calls the provider plans with a family forced or a hint given, as it plans
+    them on :data:`PLAN_GPUS` (kernel availability not checked): tests/test_cute_shapes.py's TP shards whose sizes
+    are no multiples of 64 (every dtype and path) and tests/test_ep_observe.py's expert-parallel layer."""
+    import torch
+
+    from test_cute_shapes import PATHS, SHARDS
+    from test_ep_observe import EP_LAYER
+
+    from w4a16_moe import settings
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.validate import MoECall
+
+    dev = torch.device("cuda")
+    calls = []  # (forced family, call)
+    for h, i, scheme, act, bias in SHARDS:
+        for dt in (torch.bfloat16, torch.float16):
+            for path in PATHS:
+                if bias and path == "decode":
+                    continue
+                runs = ((2, 4, "deterministic"),) if path == "decode" else ((3, 4, "fused"), (80, 4, "deterministic"))
+                calls += [(path, MoECall(t, k, h, i, 8, dt, dev, get_activation(act), fin, 0, scheme, False, bias))
+                          for t, k, fin in runs]
+    L = EP_LAYER
+    for g in (None, L["global_experts"]):
+        calls.append(("auto", MoECall(L["tokens"], L["top_k"], L["hidden"], L["intermediate"], L["experts"],
+                                      torch.bfloat16, dev, get_activation("swiglu"), "deterministic", 0, "int4_g128",
+                                      global_experts=g)))
+    real = provider._kernels_available
+    provider._kernels_available = lambda arch: None
+    out = []
+    try:
+        for gpu in PLAN_GPUS:
+            info = DeviceInfo("cuda", gpu, (9, 0), 132)
+            for path, c in calls:
+                family = path if path in ("sm90", "warp") else "auto"
+                decode = "1" if path == "decode" else ("0" if path in ("sm90", "warp") else "auto")
+                with settings.override(cute_family=family, cute_decode=decode):
+                    p = provider.plan(c, info)
+                    provider.clear_plans()
+                out += [provider.registry.get(p.family).spec_for(cfg) for cfg in p.configs]
+    finally:
+        provider._kernels_available = real
+        provider.clear_plans()
+    return out
+
+
 def device_specs(decode_knobs=(), extra_tiles=()) -> list:
     specs = list(subset_specs("full", "sm_90a"))
     if extra_tiles:
@@ -124,6 +192,7 @@ def device_specs(decode_knobs=(), extra_tiles=()) -> list:
         specs += fam.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,
                               tiles=[fam.TILES[bucket][1]], biases=(False, True))
     specs += _gpt_oss_test_plans()
+    specs += _test_module_specs() + _provider_test_plans()
     pairs, acts, kn = GPT_OSS_DECODE_TESTS
     for names, dts in pairs:
         specs += dec.variants(schemes=[get_scheme(n) for n in names], dtypes=dts, activations=acts,

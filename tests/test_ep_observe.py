@@ -10,6 +10,8 @@ import torch
 import w4a16_moe as wm
 from conftest import HAS_CUDA, random_routing, random_weights, run_cute_moe
 from w4a16_moe import ep_observe, ops
+from w4a16_moe.activations import get_activation
+from w4a16_moe.validate import MoECall
 
 
 @pytest.fixture(autouse=True)
@@ -140,21 +142,49 @@ def test_layers_and_expert_ranges_decide_apart(layer, planned):
     assert planned == [g, None, g, None]
 
 
+#: the GPU test's layer: 16 local experts of 128 (H 1024, I 1024, INT4 g128), 64 tokens top-8; counted all local, the
+#: plan takes the WGMMA family's large token tiles, with the hint the warp family's small ones (as the shipped cost
+#: model prices them on an H100 and an H200)
+EP_LAYER = dict(experts=16, hidden=1024, intermediate=1024, tokens=64, top_k=8, global_experts=128)
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA H200"])
+def test_the_gpu_tests_layer_plans_apart_with_the_hint(gpu, monkeypatch):
+    """The premise of the GPU test below, checked on the CPU: the hint changes that layer's plan (sm90 -> warp)."""
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider as prov
+
+    monkeypatch.setattr(prov, "_kernels_available", lambda arch: None)
+    info = DeviceInfo("cuda", gpu, (9, 0), 132)
+    L = EP_LAYER
+    fams = []
+    for g in (None, L["global_experts"]):
+        call = MoECall(L["tokens"], L["top_k"], L["hidden"], L["intermediate"], L["experts"], torch.bfloat16,
+                       torch.device("cuda"), get_activation("swiglu"), "deterministic", 0, "int4_g128",
+                       global_experts=g)
+        fams.append(prov.plan(call, info).family)
+        prov.clear_plans()
+    assert fams == ["sm90", "warp"]
+
+
 # ------------------------------------------------------------------------------------------------ on the GPU
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_CUDA and torch.cuda.get_device_capability()[0] == 9), reason="needs an SM90 GPU")
 def test_gpu_unhinted_ep_rank_runs_the_hinted_plan():
-    """16 local experts of 128, 64 tokens top-8: all routes counted local, the plan takes the WGMMA family's
-    large token tiles; with the hint (observed on the first call) the warp family's small ones."""
+    """:data:`EP_LAYER` (16 local experts of 128, 64 tokens top-8): all routes counted local, the plan takes the
+    WGMMA family's large token tiles; with the hint (observed on the first call) the warp family's small ones."""
     from w4a16_moe.device import probe
     from w4a16_moe.kernels.cute import provider as prov
 
-    w = random_weights("int4_g128", 16, 1024, 512, dtype=torch.bfloat16, device="cuda", seed=4)
-    x, tw, ids, out = run_cute_moe(w, 64, 8, num_global=128, seed=9)  # the first call decides
-    g = ep_observe.observed_global_experts(w.w13.codes, ids, 16, 0)
-    assert g == 128  # ids reach 120 or more: 8 ranks of 16
-    plain = prov.plan(_call(w, x, 64, 8, None), probe(x.device))
-    hinted = prov.plan(_call(w, x, 64, 8, g), probe(x.device))
+    L = EP_LAYER
+    w = random_weights("int4_g128", L["experts"], L["hidden"], L["intermediate"], dtype=torch.bfloat16,
+                       device="cuda", seed=4)
+    t, k = L["tokens"], L["top_k"]
+    x, tw, ids, out = run_cute_moe(w, t, k, num_global=L["global_experts"], seed=9)  # the first call decides
+    g = ep_observe.observed_global_experts(w.w13.codes, ids, L["experts"], 0)
+    assert g == L["global_experts"]  # ids reach 120 or more: 8 ranks of 16
+    plain = prov.plan(_call(w, x, t, k, None), probe(x.device))
+    hinted = prov.plan(_call(w, x, t, k, g), probe(x.device))
     assert plain.family == "sm90" and hinted.family == "warp"  # the hint changes the plan
     again = torch.full_like(x, float("nan"))
     wm.fused_moe(x, w, tw, ids, backend="cute", out=again)
@@ -163,8 +193,5 @@ def test_gpu_unhinted_ep_rank_runs_the_hinted_plan():
 
 
 def _call(w, x, t, k, g):
-    from w4a16_moe.activations import get_activation
-    from w4a16_moe.validate import MoECall
-
     return MoECall(t, k, w.hidden_size, w.intermediate_size, w.num_experts, x.dtype, x.device,
                    get_activation("swiglu"), "deterministic", 0, w.scheme.name, global_experts=g)

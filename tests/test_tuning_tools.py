@@ -217,6 +217,44 @@ def test_device_specs_add_the_kernels_of_extra_tile_files(tmp_path):
     assert base < names
 
 
+def test_device_specs_hold_what_tests_launch_and_force():
+    """The GPU kit holds every kernel a test module launches directly (its ``needed_specs()``: the occupancy tests'
+    plain twins were missing on 2026-12-07, 54 GPU tests failed on JIT-disabled lookups) and what the provider plans
+    on an H100 for the forced-family TP-shard tests (the FP16 MXFP4 gpt-oss TP2 shard, missing then too)."""
+    import importlib
+
+    import torch
+
+    from w4a16_moe import settings
+    from w4a16_moe.activations import get_activation
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+    from w4a16_moe.validate import MoECall
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from device_specs import TEST_MODULES, device_specs
+
+    names = {s.name for s in device_specs()}
+    for m in TEST_MODULES:
+        assert {s.name for s in importlib.import_module(m).needed_specs()} <= names, m
+    h100 = DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", (9, 0), 132)
+    real = provider._kernels_available
+    provider._kernels_available = lambda arch: None
+    try:
+        for family in ("sm90", "warp"):
+            call = MoECall(80, 4, 2880, 1440, 8, torch.float16, torch.device("cuda"), get_activation("swiglu_oai"),
+                           "deterministic", 0, "mxfp4", False, True)
+            with settings.override(cute_family=family, cute_decode="0"):
+                p = provider.plan(call, h100)
+                provider.clear_plans()
+            assert p.family == family
+            assert {provider.registry.get(family).spec_for(c).name for c in p.configs} <= names
+    finally:
+        provider._kernels_available = real
+        provider.clear_plans()
+
+
 def _explore_twin(tmp_path, twin, *extra):
     out = tmp_path / "specs.json"
     args = ["--twin", twin] if twin is not None else []
