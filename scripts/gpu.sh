@@ -13,13 +13,20 @@
 # ep2.{json,md}, tune_w{1,2}_{small,large}.json. Set W4A16_MOE_REVISION to the git revision being measured (the GPU machine has no git
 # history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt [--specs .device/specs.json
 # --keep-objects]`, see scripts/device_specs.py; carried along) is used when present, with JIT disabled, since
-# the GPU machine has no CuTe DSL.
+# the GPU machine has no CuTe DSL. A kit too large to carry travels packed: .device/kit.tar.xz (`tar -C
+# .device/prebuilt -cf - manifest.json sm_90a | xz -T2 > .device/kit.tar.xz`; the 5029 kernels of
+# .device/specs.json, 56 min to build on this machine's 2 cores, are 350 MB built and 15 MB packed) is unpacked into
+# .device/prebuilt when that holds no manifest, so a session needs no DSL staging and no build on the GPU machine.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -f .device/kit.tar.xz ] && [ ! -f .device/prebuilt/manifest.json ]; then
+  mkdir -p .device/prebuilt && python3 -c "import tarfile; tarfile.open('.device/kit.tar.xz').extractall('.device/prebuilt')" \
+    && echo "gpu.sh: .device/kit.tar.xz unpacked into .device/prebuilt" || { echo "gpu.sh: unpacking .device/kit.tar.xz failed" >&2; exit 4; }
+fi
 if [ -f .device/prebuilt/manifest.json ] && [ -z "${W4A16_MOE_PREBUILT_DIR:-}" ]; then
   export W4A16_MOE_PREBUILT_DIR=$PWD/.device/prebuilt W4A16_MOE_DISABLE_JIT=${W4A16_MOE_DISABLE_JIT:-1}
 fi
