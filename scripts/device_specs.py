@@ -61,6 +61,30 @@ STAGE16_TESTS = (("int4_g32", "bf16"), ("int4_g128", "bf16"), ("int4_g128", "fp1
 TEST_PREFETCH_FP32_KNOBS = ("w8u8fx/w8u4x", "w4u8c5fx/w4u4c3x")
 
 
+def _planned_specs(calls, gpus=("NVIDIA H200",)) -> list:
+    """The kernel specs of each ``(settings overrides, MoECall)`` of ``calls`` as the provider plans it on each
+    of ``gpus`` (kernel availability not checked)."""
+    from w4a16_moe import settings
+    from w4a16_moe.device import DeviceInfo
+    from w4a16_moe.kernels.cute import provider
+
+    real = provider._kernels_available
+    provider._kernels_available = lambda arch: None
+    out = []
+    try:
+        for gpu in gpus:
+            info = DeviceInfo("cuda", gpu, (9, 0), 132)
+            for overrides, c in calls:
+                with settings.override(**overrides):
+                    p = provider.plan(c, info)
+                    provider.clear_plans()
+                out += [provider.registry.get(p.family).spec_for(cfg) for cfg in p.configs]
+    finally:
+        provider._kernels_available = real
+        provider.clear_plans()
+    return out
+
+
 def _gpt_oss_test_plans() -> list:
     """The kernels of the gpt-oss GPU tests' calls whose token counts take the warp-MMA rule buckets (their
     CUDA-graph test warms up 1..64 tokens; the Triton suite's biased auto test runs up to 16 tokens), and of the
@@ -69,14 +93,8 @@ def _gpt_oss_test_plans() -> list:
     import torch
 
     from w4a16_moe.activations import get_activation, swiglu_oai
-    from w4a16_moe.device import DeviceInfo
-    from w4a16_moe.kernels.cute import provider
     from w4a16_moe.validate import MoECall
 
-    h200 = DeviceInfo("cuda", "NVIDIA H200", (9, 0), 132)
-    real = provider._kernels_available
-    provider._kernels_available = lambda arch: None
-    out = []
     dev = torch.device("cuda")
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
     calls = []
@@ -94,15 +112,7 @@ def _gpt_oss_test_plans() -> list:
                         for bias in (False, True):
                             calls.append(MoECall(33, 4, 512, 256, 8, dtypes[dt], dev, get_activation(act), fin, 0, n,
                                                  False, bias))
-    try:
-        for c in calls:
-            p = provider.plan(c, h200)
-            fam_ = provider.registry.get(p.family)
-            out += [fam_.spec_for(cfg) for cfg in p.configs]
-    finally:
-        provider._kernels_available = real
-        provider.clear_plans()
-    return out
+    return _planned_specs([({}, c) for c in calls])
 
 
 #: test modules that launch kernels directly (not through the provider's selection) and list them in
@@ -113,13 +123,18 @@ TEST_MODULES = ("test_warp_kernel", "test_selection_grid", "test_release_canonic
 PLAN_GPUS = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 
 
-def _test_module_specs() -> list:
+def _test_module(name: str):
+    """A module of tests/ (imported for its tables: what its GPU tests launch or call)."""
     import importlib
 
     tests = os.path.join(os.path.dirname(__file__), "..", "tests")
     if tests not in sys.path:
         sys.path.insert(0, tests)
-    return [s for m in TEST_MODULES for s in importlib.import_module(m).needed_specs()]
+    return importlib.import_module(name)
+
+
+def _test_module_specs() -> list:
+    return [s for m in TEST_MODULES for s in _test_module(m).needed_specs()]
 
 
 def _provider_test_plans() -> list:
@@ -128,47 +143,27 @@ def _provider_test_plans() -> list:
     are no multiples of 64 (every dtype and path) and tests/test_ep_observe.py's expert-parallel layer."""
     import torch
 
-    from test_cute_shapes import PATHS, SHARDS
-    from test_ep_observe import EP_LAYER
-
-    from w4a16_moe import settings
     from w4a16_moe.activations import get_activation
-    from w4a16_moe.device import DeviceInfo
-    from w4a16_moe.kernels.cute import provider
     from w4a16_moe.validate import MoECall
 
+    shapes, ep = _test_module("test_cute_shapes"), _test_module("test_ep_observe")
     dev = torch.device("cuda")
-    calls = []  # (forced family, call)
-    for h, i, scheme, act, bias in SHARDS:
+    calls = []  # (settings overrides, call)
+    for h, i, scheme, act, bias in shapes.SHARDS:
         for dt in (torch.bfloat16, torch.float16):
-            for path in PATHS:
+            for path in shapes.PATHS:  # as the test's _set_path forces it
                 if bias and path == "decode":
                     continue
+                forced = dict(cute_decode="1") if path == "decode" else dict(cute_decode="0", cute_family=path)
                 runs = ((2, 4, "deterministic"),) if path == "decode" else ((3, 4, "fused"), (80, 4, "deterministic"))
-                calls += [(path, MoECall(t, k, h, i, 8, dt, dev, get_activation(act), fin, 0, scheme, False, bias))
+                calls += [(forced, MoECall(t, k, h, i, 8, dt, dev, get_activation(act), fin, 0, scheme, False, bias))
                           for t, k, fin in runs]
-    L = EP_LAYER
+    L = ep.EP_LAYER
     for g in (None, L["global_experts"]):
-        calls.append(("auto", MoECall(L["tokens"], L["top_k"], L["hidden"], L["intermediate"], L["experts"],
-                                      torch.bfloat16, dev, get_activation("swiglu"), "deterministic", 0, "int4_g128",
-                                      global_experts=g)))
-    real = provider._kernels_available
-    provider._kernels_available = lambda arch: None
-    out = []
-    try:
-        for gpu in PLAN_GPUS:
-            info = DeviceInfo("cuda", gpu, (9, 0), 132)
-            for path, c in calls:
-                family = path if path in ("sm90", "warp") else "auto"
-                decode = "1" if path == "decode" else ("0" if path in ("sm90", "warp") else "auto")
-                with settings.override(cute_family=family, cute_decode=decode):
-                    p = provider.plan(c, info)
-                    provider.clear_plans()
-                out += [provider.registry.get(p.family).spec_for(cfg) for cfg in p.configs]
-    finally:
-        provider._kernels_available = real
-        provider.clear_plans()
-    return out
+        calls.append(({}, MoECall(L["tokens"], L["top_k"], L["hidden"], L["intermediate"], L["experts"],
+                                  torch.bfloat16, dev, get_activation("swiglu"), "deterministic", 0, "int4_g128",
+                                  global_experts=g)))
+    return _planned_specs(calls, PLAN_GPUS)
 
 
 def device_specs(decode_knobs=(), extra_tiles=()) -> list:

@@ -14,7 +14,7 @@
 # history). Kernels: .device/prebuilt (built here by `aot/build.sh .device/prebuilt [--specs .device/specs.json
 # --keep-objects]`, see scripts/device_specs.py; carried along) is used when present, with JIT disabled, since
 # the GPU machine has no CuTe DSL. A kit too large to carry travels packed: .device/kit.tar.xz (`tar -C
-# .device/prebuilt -cf - manifest.json sm_90a | xz -T2 > .device/kit.tar.xz`; the 5029 kernels of
+# .device/prebuilt -cf - manifest.json sm_90a | xz -T2 > .device/kit.tar.xz`; the ~5000 kernels of
 # .device/specs.json, 56 min to build on this machine's 2 cores, are 350 MB built and 15 MB packed) is unpacked into
 # .device/prebuilt when that holds no manifest, so a session needs no DSL staging and no build on the GPU machine.
 set -uo pipefail
