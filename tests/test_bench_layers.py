@@ -469,3 +469,35 @@ def test_standing_refuses_a_missing_directory(tmp_path):
 
     with pytest.raises(SystemExit):
         standing.main([str(tmp_path / "nope")])
+
+
+def test_standing_floor_takes_the_targets_by_bound(tmp_path, capsys):
+    from w4a16_moe.bench import standing
+
+    old, new = tmp_path / "2026-12-04", tmp_path / "2026-12-04b"
+    old.mkdir(), new.mkdir()
+
+    def rec(t, us, floor, bound, device="NVIDIA H200", impl="w4a16_moe"):
+        r = _standing_rec("w1", t, impl, us, run_device=device)
+        r.update(floor_eff_us=floor, bound=bound)
+        return r
+
+    (old / "w1.json").write_text(json.dumps([
+        rec(1, 20.0, 10.0, "mem"),                        # 2.0 > 1.5: replaced by the newer run below
+        rec(8, 14.0, 10.0, "mem"),                        # 1.4 <= 1.5
+        rec(2048, 140.0, 100.0, "flop"),                  # 1.4 > 1.35
+        rec(4096, 130.0, 100.0, None),                    # no bound: memory-bound, 1.3 <= 1.5
+        rec(64, 30.0, 10.0, "mem", impl="humming"),       # a peer: not the project's row
+        rec(16, 30.0, 10.0, "mem", device="NVIDIA H100 80GB HBM3"),
+    ]))
+    (new / "w1.json").write_text(json.dumps([rec(1, 12.0, 10.0, "mem")]))
+    rows = standing.floor_rows(str(tmp_path), "H200")
+    got = {r["tokens"]: (r["run"], r["target"], round(r["ratio"], 2)) for r in rows}
+    assert got == {1: ("2026-12-04b", 1.5, 1.2), 8: ("2026-12-04", 1.5, 1.4), 2048: ("2026-12-04", 1.35, 1.4),
+                   4096: ("2026-12-04", 1.5, 1.3)}
+    (s,) = standing.summarize_floor(rows)
+    assert (s["rows"], s["met"], [r["tokens"] for r in s["misses"]]) == (4, 3, [2048])
+    assert standing.main([str(tmp_path), "--floor"]) == 0
+    out = capsys.readouterr().out
+    assert "2048 tokens 1.40 (flop)" in out and "3 of 4 rows within the floor target" in out
+    assert [r["tokens"] for r in standing.floor_rows(str(tmp_path), "H100")] == [16]
