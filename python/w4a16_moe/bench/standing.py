@@ -42,38 +42,40 @@ def _device_tag(device: Optional[str]) -> str:
     return device or "?"
 
 
-def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = PEER_IMPLS) -> list:
-    """One row ``{"layer", "dtype", "tokens", "run", "ours_us", "peer", "peer_us", "ratio", "revision"}`` per
-    (layer, dtype, tokens) measured on ``device`` with the project and at least one of ``peers``: the figures of
-    the latest run (folder name order) that measured both. Every ``.json`` of a run folder must be a record list
-    (:func:`.merge.load` checks it)."""
-    peers = tuple(peers)
-    latest = {}
-    for run in _runs(root):
+def _row_files(root: str, device: str):
+    """``(run, {row key: {impl: record}})`` per record file of every run folder, in run order (folder names sort:
+    ``2026-12-05f`` after ``2026-12-05``): the records measured on ``device`` (a time recorded), keyed by ``(layer,
+    dtype, tokens)``. Every ``.json`` of a run folder must be a record list (:func:`.merge.load` checks it)."""
+    for run in sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d))):
         folder = os.path.join(root, run)
         for name in sorted(os.listdir(folder)):
             if not name.endswith(".json"):
                 continue
             by_row = defaultdict(dict)
             for r in merge.load(os.path.join(folder, name))[0]:
-                if _device_tag(r.get("device")) != device or r.get("median_us") is None:
-                    continue
-                key = (str(r.get("layer")), str(r.get("dtype") or "bf16"), int(r.get("tokens")))
-                by_row[key][r["impl"]] = r
-            for key, impls in by_row.items():
-                ours = impls.get("w4a16_moe")
-                measured = [(impls[p]["median_us"], p) for p in peers if p in impls]
-                if ours is None or not measured:
-                    continue
-                peer_us, peer = min(measured)
-                latest[key] = dict(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=ours["median_us"],
-                                   peer=peer, peer_us=peer_us, ratio=ours["median_us"] / peer_us,
-                                   revision=ours.get("revision"))
+                if _device_tag(r.get("device")) == device and r.get("median_us") is not None:
+                    key = (str(r.get("layer")), str(r.get("dtype") or "bf16"), int(r.get("tokens")))
+                    by_row[key][r["impl"]] = r
+            yield run, by_row
+
+
+def latest_rows(root: str, device: str = "H200", peers: Iterable[str] = PEER_IMPLS) -> list:
+    """One row ``{"layer", "dtype", "tokens", "run", "ours_us", "peer", "peer_us", "ratio", "revision"}`` per
+    (layer, dtype, tokens) measured on ``device`` with the project and at least one of ``peers``: the figures of
+    the latest run (folder name order) that measured both, in the same file."""
+    peers = tuple(peers)
+    latest = {}
+    for run, by_row in _row_files(root, device):
+        for key, impls in by_row.items():
+            ours = impls.get("w4a16_moe")
+            measured = [(impls[p]["median_us"], p) for p in peers if p in impls]
+            if ours is None or not measured:
+                continue
+            peer_us, peer = min(measured)
+            latest[key] = dict(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=ours["median_us"],
+                               peer=peer, peer_us=peer_us, ratio=ours["median_us"] / peer_us,
+                               revision=ours.get("revision"))
     return [latest[k] for k in sorted(latest)]
-
-
-def _runs(root: str) -> list:
-    return sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
 
 
 def floor_rows(root: str, device: str = "H200") -> list:
@@ -81,31 +83,31 @@ def floor_rows(root: str, device: str = "H200") -> list:
     "revision"}`` per (layer, dtype, tokens) the project was measured at on ``device``: the latest run's figures
     (folder name order), ``ratio = ours_us / floor_eff_us`` and the target of the record's bound."""
     latest = {}
-    for run in _runs(root):
-        folder = os.path.join(root, run)
-        for name in sorted(os.listdir(folder)):
-            if not name.endswith(".json"):
+    for run, by_row in _row_files(root, device):
+        for key, impls in by_row.items():
+            r = impls.get("w4a16_moe")
+            if r is None:
                 continue
-            for r in merge.load(os.path.join(folder, name))[0]:
-                if (r.get("impl") != "w4a16_moe" or _device_tag(r.get("device")) != device
-                        or r.get("median_us") is None):
-                    continue
-                key = (str(r.get("layer")), str(r.get("dtype") or "bf16"), int(r.get("tokens")))
-                bound = r.get("bound") if r.get("bound") in FLOOR_TARGETS else "mem"
-                latest[key] = dict(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=r["median_us"],
-                                   floor_eff_us=r["floor_eff_us"], bound=bound, target=FLOOR_TARGETS[bound],
-                                   ratio=r["median_us"] / r["floor_eff_us"], revision=r.get("revision"))
+            bound = r.get("bound") if r.get("bound") in FLOOR_TARGETS else "mem"
+            latest[key] = dict(layer=key[0], dtype=key[1], tokens=key[2], run=run, ours_us=r["median_us"],
+                               floor_eff_us=r["floor_eff_us"], bound=bound, target=FLOOR_TARGETS[bound],
+                               ratio=r["median_us"] / r["floor_eff_us"], revision=r.get("revision"))
     return [latest[k] for k in sorted(latest)]
+
+
+def _by_layer(rows: list) -> list:
+    """``((layer, dtype), rows)`` groups of per-row figures, sorted."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[(r["layer"], r["dtype"])].append(r)
+    return sorted(groups.items())
 
 
 def summarize_floor(rows: list, worst: int = 3) -> list:
     """Per (layer, dtype): ``{"layer", "dtype", "rows", "met", "median", "worst", "misses": [row, ...], "runs"}``;
     ``misses`` are the ``worst`` rows furthest past their target (by ``ratio / target``), largest first."""
-    groups = defaultdict(list)
-    for r in rows:
-        groups[(r["layer"], r["dtype"])].append(r)
     out = []
-    for (layer, dtype), rs in sorted(groups.items()):
+    for (layer, dtype), rs in _by_layer(rows):
         ratios = sorted(r["ratio"] for r in rs)
         over = sorted((r for r in rs if r["ratio"] > r["target"]), key=lambda r: -r["ratio"] / r["target"])
         out.append(dict(layer=layer, dtype=dtype, rows=len(rs), met=len(rs) - len(over),
@@ -131,11 +133,8 @@ def _floor_markdown(summary: list, device: str) -> str:
 
 def summarize(rows: list) -> list:
     """Per (layer, dtype): ``{"layer", "dtype", "rows", "ahead", "behind": [row, ...], "worst", "best", "runs"}``."""
-    groups = defaultdict(list)
-    for r in rows:
-        groups[(r["layer"], r["dtype"])].append(r)
     out = []
-    for (layer, dtype), rs in sorted(groups.items()):
+    for (layer, dtype), rs in _by_layer(rows):
         ratios = [r["ratio"] for r in rs]
         out.append(dict(layer=layer, dtype=dtype, rows=len(rs), ahead=sum(x < 1.0 for x in ratios),
                         behind=[r for r in rs if r["ratio"] >= 1.0], best=min(ratios), worst=max(ratios),
